@@ -1,0 +1,38 @@
+"""Boltzmann attention (Kim & Park, arXiv:2606.12478): attention weights as Ising marginals.
+
+Energy convention, the one used everywhere in this package::
+
+    E(s) = - sum_j h_j s_j - sum_{j<k} J_jk s_j s_k - sum_{j<k<l} K_jkl s_j s_k s_l,
+    p(s) proportional to exp(-E(s)),   s in {-1, +1}^n.
+
+J > 0 is ferromagnetic (keys j and k tend to be attended together), J < 0 makes them compete. For
+query i the field is h_ij = q_i.k_j * scale + bias and the attention weight is a_ij = (<s_j>_i + 1) / 2;
+with J = K = 0 that is sigmoid(2 h_ij). Adapters to other conventions (dimod minimises
++sum h s + sum J s s) convert at their boundary.
+
+Layers: :func:`boltzmann_attention` (functional, SDPA conventions) and :class:`BoltzmannAttention`
+(``nn.Module``). Ising marginals: :mod:`boltzmann_attention.ising`.
+"""
+
+from . import ising
+from .attention import (
+    MODES,
+    BoltzmannAttention,
+    FullCouplings,
+    RelativeCouplings,
+    ThreeBodyCouplings,
+    boltzmann_attention,
+    parameter_groups,
+)
+
+__all__ = [
+    "MODES",
+    "BoltzmannAttention",
+    "FullCouplings",
+    "RelativeCouplings",
+    "ThreeBodyCouplings",
+    "boltzmann_attention",
+    "ising",
+    "parameter_groups",
+]
+__version__ = "0.1.0"

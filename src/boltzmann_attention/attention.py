@@ -1,0 +1,276 @@
+"""Boltzmann attention: the functional form and the ``nn.Module``.
+
+For query i, key j is a spin s_j in {-1, +1} with field h_ij = scale * q_i.k_j + bias. Couplings J
+(one matrix per head, shared by all queries and all batch items) and optional three-body couplings K
+couple the keys:
+
+    E_i(s) = - sum_j h_ij s_j - sum_{j<k} J_jk s_j s_k - sum_{j<k<l} K_jkl s_j s_k s_l,
+    a_ij   = (<s_j>_i + 1) / 2,        o_i = sum_j a_ij v_j.
+
+Keys that are masked out (causal mask, padding) are absent spins: they are not part of the energy at
+all, and a_ij = 0. With J = K = 0, a_ij = sigmoid(2 h_ij): sigmoid attention.
+
+Modes (the paper's ablation): ``softmax`` (plain SDPA), ``h`` (sigmoid(2h), closed form), ``J``
+(h = bias only, so the weights do not depend on the input), ``h+J``, ``h+K``, ``h+J+K``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import ising
+
+MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
+
+
+def _mode_terms(mode: str) -> tuple[bool, bool, bool]:
+    """(uses the QK field, uses J, uses K) for a mode name."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    return mode != "J", "J" in mode, "K" in mode
+
+
+def _combined_mask(attn_mask: Tensor | None, is_causal: bool, L: int, S: int, device) -> Tensor | None:
+    """Bool mask broadcastable to (B, H, L, S), True where the key takes part (SDPA's convention)."""
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise ValueError("attn_mask must be a bool tensor (True means the key takes part); to shift the "
+                         "field, pass a float tensor as `bias` instead")
+    mask = attn_mask
+    if is_causal:  # query i sees keys j <= i, aligned top-left as in SDPA
+        causal = torch.ones(L, S, dtype=torch.bool, device=device).tril()
+        mask = causal if mask is None else mask & causal
+    return mask
+
+
+def boltzmann_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    couplings: Tensor | None = None,
+    three_body: Tensor | None = None,
+    mode: str = "h+J",
+    method: str = "exact",
+    is_causal: bool = False,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+    bias: float | Tensor = 0.0,
+    return_weights: bool = False,
+    method_options: dict | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention whose weights are Ising marginals, with SDPA's conventions.
+
+    query: (B, H, L, E); key: (B, H, S, E); value: (B, H, S, Ev). couplings: (H, S, S) symmetric with a
+    zero diagonal (H may be 1); three_body: (H, S, S, S). attn_mask: bool, broadcastable to (B, H, L, S),
+    True where the key takes part. scale defaults to 1 / sqrt(E). bias is added to the field h (a float
+    or a tensor broadcastable to (B, H, L, S), e.g. (H, 1, 1) for one bias per head). ``method`` and
+    ``method_options`` choose how marginals are computed (see :mod:`boltzmann_attention.ising`); mode
+    'h' uses the closed form sigmoid(2h) and ignores them.
+
+    Returns the output (B, H, L, Ev), and the weights (B, H, L, S) when return_weights is True. A query
+    with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there).
+    """
+    uses_field, uses_J, uses_K = _mode_terms(mode)
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError("query, key and value must be 4-D: (B, H, L, E), (B, H, S, E), (B, H, S, Ev)")
+    if key.shape[-2] != value.shape[-2] or query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"incompatible shapes: query {tuple(query.shape)}, key {tuple(key.shape)}, "
+                         f"value {tuple(value.shape)}")
+    L, S = query.shape[-2], key.shape[-2]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    mask = _combined_mask(attn_mask, is_causal, L, S, query.device)
+
+    for name, given, needed in (("couplings", couplings, uses_J), ("three_body", three_body, uses_K)):
+        if needed and given is None:
+            raise ValueError(f"mode {mode!r} needs `{name}`")
+        if given is not None and not needed:
+            raise ValueError(f"mode {mode!r} does not use `{name}`; pass None or choose another mode")
+    if couplings is not None and (couplings.dim() != 3 or couplings.shape[-2:] != (S, S)):
+        raise ValueError(f"couplings must have shape (H, {S}, {S}), got {tuple(couplings.shape)}")
+    if three_body is not None and (three_body.dim() != 4 or three_body.shape[-3:] != (S, S, S)):
+        raise ValueError(f"three_body must have shape (H, {S}, {S}, {S}), got {tuple(three_body.shape)}")
+
+    if mode == "softmax":
+        logits = query @ key.transpose(-1, -2) * scale
+        if not return_weights:
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(logits, dim=-1)
+        return weights @ value, weights
+
+    if uses_field:
+        field = query @ key.transpose(-1, -2) * scale + bias
+    else:  # mode J: the field is the bias alone, so compute the weights once, not once per batch item
+        shape = torch.broadcast_shapes(torch.as_tensor(bias).shape, (1, 1, L, S),
+                                       mask.shape if mask is not None else ())
+        field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
+
+    if mode == "h":
+        weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
+    else:
+        J = couplings.unsqueeze(1) if couplings is not None else None      # (H, 1, S, S) vs (B, H, L)
+        K = three_body.unsqueeze(1) if three_body is not None else None
+        spins_mask = None if mask is None else mask.expand(torch.broadcast_shapes(mask.shape, field.shape))
+        m = ising.marginals(field, J, K, mask=spins_mask, method=method, **(method_options or {}))
+        weights = (m + 1) / 2
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    out = weights @ value
+    return (out, weights.expand(*out.shape[:-1], S)) if return_weights else out
+
+
+class FullCouplings(nn.Module):
+    """One free coupling J_jk per key pair and head, for lengths up to ``max_len``: (H, S, S)."""
+
+    def __init__(self, num_heads: int, max_len: int, init_std: float = 0.0):
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.randn(num_heads, max_len, max_len) * init_std)
+        self.weight._no_weight_decay = True
+
+    def forward(self, length: int) -> Tensor:
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds max_len {self.max_len} of the couplings; "
+                             "use coupling='relative' for any length")
+        upper = self.weight[:, :length, :length].triu(1)
+        return upper + upper.transpose(-1, -2)
+
+
+class RelativeCouplings(nn.Module):
+    """J_jk = f(|j - k|) per head, with f(d) learnable for 1 <= d <= max_distance and 0 beyond.
+
+    Works for any length. J has bandwidth ``max_distance``, so method='banded' applies directly.
+    """
+
+    def __init__(self, num_heads: int, max_distance: int, init_std: float = 0.0):
+        super().__init__()
+        if max_distance < 1:
+            raise ValueError("max_distance must be >= 1")
+        self.max_distance = max_distance
+        self.weight = nn.Parameter(torch.randn(num_heads, max_distance) * init_std)  # f(1) .. f(max_distance)
+        self.weight._no_weight_decay = True
+
+    def forward(self, length: int) -> Tensor:
+        zero = self.weight.new_zeros(self.weight.shape[0], 1)
+        table = torch.cat([zero, self.weight, zero], dim=1)  # index: distance, clamped past the range
+        position = torch.arange(length, device=self.weight.device)
+        distance = (position[:, None] - position[None, :]).abs().clamp(max=self.max_distance + 1)
+        return table[:, distance]
+
+
+class ThreeBodyCouplings(nn.Module):
+    """One free K_jkl per key triple j<k<l and head, symmetrised: (H, S, S, S)."""
+
+    def __init__(self, num_heads: int, max_len: int, init_std: float = 0.0):
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.randn(num_heads, max_len, max_len, max_len) * init_std)
+        self.weight._no_weight_decay = True
+
+    def forward(self, length: int) -> Tensor:
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds max_len {self.max_len} of the couplings")
+        i = torch.arange(length, device=self.weight.device)
+        ordered = (i[:, None, None] < i[None, :, None]) & (i[None, :, None] < i[None, None, :])
+        upper = self.weight[:, :length, :length, :length] * ordered
+        return sum(upper.permute(0, *(1 + p for p in perm)) for perm in itertools.permutations(range(3)))
+
+
+class BoltzmannAttention(nn.Module):
+    """Multi-head Boltzmann attention over x: (B, L, embed_dim).
+
+    Owns the query/key/value/output projections, the couplings (zero at init, so mode h+J starts as
+    sigmoid attention) and a field bias per head. The field bias starts at -log(max_len) / 2: the
+    weights are sigmoid(2h), so this is sigmoid attention's recommended logit bias -log n (Ramapuram et
+    al., 2024) expressed as a field. Couplings and the field bias are marked ``_no_weight_decay``; build
+    the optimiser with :func:`parameter_groups` so that weight decay does not pull J towards zero.
+
+    coupling: 'full' (a free J_jk for every pair, lengths <= max_len) or 'relative' (J_jk = f(|j-k|),
+    any length, f = 0 beyond ``coupling_range``, default max_len - 1).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, *, max_len: int, mode: str = "h+J",
+                 method: str = "exact", causal: bool = True, coupling: str = "full",
+                 coupling_range: int | None = None, coupling_init_std: float = 0.0,
+                 field_bias_init: float | None = None, learn_field_bias: bool = True,
+                 bias: bool = True, method_options: dict | None = None):
+        super().__init__()
+        uses_field, uses_J, uses_K = _mode_terms(mode)
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        if coupling not in ("full", "relative"):
+            raise ValueError(f"unknown coupling {coupling!r}; choose 'full' or 'relative'")
+        if method not in ising.METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of {sorted(ising.METHODS)}")
+        self.embed_dim, self.num_heads, self.max_len = embed_dim, num_heads, max_len
+        self.mode, self.method, self.causal = mode, method, causal
+        self.method_options = dict(method_options or {})
+        self.query = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
+        self.key = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
+        self.value = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.out = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+        self.couplings = None
+        if uses_J and coupling == "full":
+            self.couplings = FullCouplings(num_heads, max_len, coupling_init_std)
+        elif uses_J:
+            self.couplings = RelativeCouplings(num_heads, coupling_range or max_len - 1, coupling_init_std)
+        self.three_body = ThreeBodyCouplings(num_heads, max_len, coupling_init_std) if uses_K else None
+
+        self.field_bias = None
+        if mode != "softmax":
+            init = -0.5 * math.log(max_len) if field_bias_init is None else field_bias_init
+            self.field_bias = nn.Parameter(torch.full((num_heads,), float(init)),
+                                           requires_grad=learn_field_bias)
+            self.field_bias._no_weight_decay = True
+
+    def _heads(self, x: Tensor) -> Tensor:  # (B, L, D) -> (B, H, L, D/H)
+        B, L, _ = x.shape
+        return x.view(B, L, self.num_heads, -1).transpose(1, 2)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x: (B, L, embed_dim). key_padding_mask: (B, L) bool, True marks padding to ignore (the
+        nn.MultiheadAttention convention). Returns (output (B, L, embed_dim), weights (B, H, L, L) or None).
+        """
+        B, L, _ = x.shape
+        v = self._heads(self.value(x))
+        if self.query is not None:
+            q, k = self._heads(self.query(x)), self._heads(self.key(x))
+        else:  # mode J: no field from the input; q and k only carry the shapes
+            q = k = v.new_empty(B, self.num_heads, L, 1)
+        attn_mask = None
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != (B, L) or key_padding_mask.dtype != torch.bool:
+                raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {L})")
+            attn_mask = ~key_padding_mask[:, None, None, :]
+        result = boltzmann_attention(
+            q, k, v,
+            couplings=self.couplings(L) if self.couplings is not None else None,
+            three_body=self.three_body(L) if self.three_body is not None else None,
+            mode=self.mode, method=self.method, is_causal=self.causal, attn_mask=attn_mask,
+            bias=self.field_bias.view(-1, 1, 1) if self.field_bias is not None else 0.0,
+            return_weights=need_weights, method_options=self.method_options,
+        )
+        out, weights = result if need_weights else (result, None)
+        return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Optimiser groups: weight decay on matrices, none on biases, norms, couplings and field biases.
+
+    Parameters marked ``_no_weight_decay`` (couplings, field bias) and all parameters with fewer than two
+    dimensions go to the group without decay.
+    """
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if getattr(p, "_no_weight_decay", False) or p.dim() < 2 else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
