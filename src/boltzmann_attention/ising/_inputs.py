@@ -92,9 +92,9 @@ class Grouped:
     def ungroup(self, x: Tensor) -> Tensor:
         rest = x.shape[2:]
         permuted = [self.batch_shape[d] for d in self.permutation]
-        x = x.reshape(*permuted, *rest)
+        x = x.reshape(tuple(permuted) + tuple(rest))
         inverse = [self.permutation.index(d) for d in range(len(self.batch_shape))]
-        return x.permute(*inverse, *range(len(inverse), x.dim()))
+        return x.permute(tuple(inverse) + tuple(range(len(inverse), x.dim())))
 
 
 def group_queries(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None) -> Grouped:

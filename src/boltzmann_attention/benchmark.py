@@ -1,0 +1,235 @@
+"""Benchmark: forward+backward time and peak memory of each marginal method inside attention.
+
+Run ``boltzmann-attention-bench`` (or ``python -m boltzmann_attention.benchmark``). Every row runs in a
+fresh process, so its peak memory (growth of the resident set during fwd+bwd, inputs excluded) is its
+own. Ratios compare rows of the same run: the machine is shared and noisy, so only side-by-side
+measurements are comparable. The table is stamped with machine, torch version and commit.
+
+Baselines:
+- ``naive``: enumeration as usually written: logits over all 2^T configurations for every query, a
+  softmax, then a contraction with the spin table (causal prefixes get their own coupling energies).
+- ``sdpa``: torch.nn.functional.scaled_dot_product_attention, the softmax attention it replaces.
+- ``matmul``: a plain matmul of the split method's GEMM shape, (B*T, 2^(T/2)) @ (2^(T/2), 2^(T/2)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import resource
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .attention import boltzmann_attention
+from .ising.reference import configurations, negative_energies
+
+HEAD_DIM = 64
+
+
+@dataclass
+class Case:
+    method: str  # exact | banded | meanfield | tap | naive | sdpa | matmul
+    T: int
+    B: int
+    causal: bool = True
+    bandwidth: int | None = None  # couplings J_jk = 0 for |j-k| > bandwidth
+
+
+@dataclass
+class Result:
+    case: Case
+    seconds: float  # median fwd+bwd time
+    peak_mb: float  # resident-set growth during the timed runs
+    gflops: float | None = None  # 'matmul': its rate; non-causal 'exact': its two GEMMs' FLOPs / forward time
+
+
+def naive_enumeration_attention(q, k, v, J, causal: bool):
+    """Reference-style enumeration (the baseline the split method is measured against).
+
+    q, k: (B, 1, T, E); J: (T, T). For causal attention, query i sees keys 0..i; absent spins are
+    made free (zero field and couplings) and their marginals zeroed, as in ``ising.reference``.
+    """
+    T = q.shape[-2]
+    spins = configurations(T, dtype=q.dtype)                       # (2^T, T)
+    h = q @ k.transpose(-1, -2) / HEAD_DIM**0.5                    # (B, 1, T, T)
+    if causal:
+        keep = torch.ones(T, T, dtype=torch.bool).tril()           # row i: keys present for query i
+        h = h * keep
+        coupling_energy = negative_energies(torch.zeros(T, T, dtype=q.dtype), J * keep[:, :, None]
+                                            * keep[:, None, :], None, spins)  # (T, 2^T): one per prefix
+    else:
+        coupling_energy = negative_energies(torch.zeros(T, dtype=q.dtype), J, None, spins)
+    p = torch.softmax(h @ spins.T + coupling_energy, dim=-1)       # (B, 1, T, 2^T)
+    weights = (p @ spins + 1) / 2
+    if causal:
+        weights = weights * keep
+    return weights @ v
+
+
+def _inputs(case: Case):
+    g = torch.Generator().manual_seed(0)
+    shape = (case.B, 1, case.T, HEAD_DIM)
+    q, k, v = (torch.randn(shape, generator=g).requires_grad_() for _ in range(3))
+    distance = (torch.arange(case.T)[:, None] - torch.arange(case.T)[None, :]).abs()
+    band = case.bandwidth if case.bandwidth is not None else case.T
+    J = 0.1 * torch.randn(case.T, case.T, generator=g) * ((distance > 0) & (distance <= band))
+    J = ((J + J.T) / 2).requires_grad_()
+    return q, k, v, J
+
+
+def _step_function(case: Case):
+    """(fwd+bwd closure, forward-only closure or None, FLOPs of the forward's GEMMs or None)."""
+    if case.method == "matmul":
+        half = 2 ** (case.T // 2)
+        a, b = torch.randn(case.B * case.T, half), torch.randn(half, half)
+        return (lambda: a @ b), None, 2 * a.shape[0] * half * half
+    q, k, v, J = _inputs(case)
+    if case.method == "sdpa":
+        def forward():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+    elif case.method == "naive":
+        def forward():
+            return naive_enumeration_attention(q, k, v, J, case.causal)
+    else:
+        options = {"bandwidth": case.bandwidth} if case.method == "banded" else {}
+
+        def forward():
+            return boltzmann_attention(q, k, v, couplings=J[None], method=case.method, is_causal=case.causal,
+                                       bias=-1.0, method_options=options)
+
+    def step():
+        forward().sum().backward()
+
+    if case.method == "exact" and not case.causal:  # Z = u^T K v: two GEMMs of 2 * (B*T) * 2^T FLOPs each
+        return step, forward, 2 * 2 * case.B * case.T * 2**case.T
+    return step, None, None
+
+
+def _timed(fn, min_runs: int = 3, budget_s: float = 5.0) -> float:
+    fn()  # warm-up
+    times, start = [], time.perf_counter()
+    while len(times) < min_runs or (time.perf_counter() - start < budget_s and len(times) < 20):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _measure(case: Case) -> dict:
+    torch.set_num_threads(2)
+    step, forward, flops = _step_function(case)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    seconds = _timed(step)
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    gflops = None
+    if flops is not None:
+        with torch.no_grad():
+            gflops = flops / _timed(forward if forward else step) / 1e9
+    return {"seconds": seconds, "peak_mb": peak, "gflops": gflops}
+
+
+def _child(case, queue):
+    queue.put(_measure(case))
+
+
+def run_case(case: Case) -> Result:
+    """Measure one case in a fresh process (so peak memory is its own)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(case, queue))
+    proc.start()
+    out = queue.get()
+    proc.join()
+    return Result(case=case, **out)
+
+
+def default_cases(quick: bool) -> list[Case]:
+    exact_T = [8, 12, 16] if quick else [8, 12, 16, 20]
+    cases = []
+    for T in exact_T:
+        cases += [Case(m, T, 64) for m in ("exact", "naive", "sdpa")]
+        cases += [Case("exact", T, 64, causal=False), Case("matmul", T, 64)]
+    if not quick:
+        cases = [c for c in cases if not (c.method == "naive" and c.T > 16)]  # 64*20*2^20 floats: ~5 GB
+        cases += [Case("exact", 24, 8), Case("exact", 24, 8, causal=False), Case("sdpa", 24, 8),
+                  Case("matmul", 24, 8)]
+    long_T = [64, 256] if quick else [64, 256, 1024]
+    for T in long_T:
+        cases += [Case(m, T, 8, bandwidth=8) for m in ("banded", "meanfield", "tap")] + [Case("sdpa", T, 8)]
+    return cases
+
+
+def machine_stamp() -> dict:
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or platform.machine()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                          text=True).stdout.strip():
+            commit += "-dirty"
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"cpu": cpu, "threads": 2, "torch": torch.__version__, "python": platform.python_version(),
+            "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def format_table(results: list[Result], stamp: dict) -> str:
+    """Markdown table; ratios are against rows of the same run with the same T, B and causality."""
+    def find(method, case):
+        return next((r for r in results if r.case.method == method and r.case.T == case.T
+                     and r.case.B == case.B and r.case.causal == case.causal), None)
+
+    lines = [f"Machine: {stamp['cpu']}, {stamp['threads']} threads; torch {stamp['torch']}; "
+             f"python {stamp['python']}; commit {stamp['commit']}; {stamp['date']}", "",
+             "| method | T | B | causal | band | fwd+bwd ms | peak MB | vs naive | vs SDPA | GFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        c = r.case
+        naive, sdpa = find("naive", c), find("sdpa", c)
+        speedup = f"{naive.seconds / r.seconds:.0f}x faster" if naive and c.method == "exact" else ""
+        slowdown = f"{r.seconds / sdpa.seconds:.1f}x" if sdpa and c.method not in ("sdpa", "matmul") else ""
+        gflops = f"{r.gflops:.0f}" if r.gflops else ""
+        mm = find("matmul", Case("matmul", c.T, c.B))
+        if c.method == "exact" and r.gflops and mm:
+            gflops += f" ({100 * r.gflops / mm.gflops:.0f}% of matmul)"
+        band = str(c.bandwidth) if c.bandwidth else ""
+        causal = "yes" if c.causal else "no"
+        ms = f"{1e3 * r.seconds:.1f}"
+        if c.method == "matmul":
+            causal, ms = "", f"{1e3 * r.seconds:.2f} (fwd)"
+        lines.append(f"| {c.method} | {c.T} | {c.B} | {causal} | {band} | {ms} | {r.peak_mb:.0f} | {speedup} | "
+                     f"{slowdown} | {gflops} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    stamp = machine_stamp()
+    results = []
+    for case in default_cases(args.quick):
+        results.append(run_case(case))
+        r = results[-1]
+        print(f"  {case.method:9s} T={case.T:<5d} B={case.B:<3d} causal={case.causal!s:5s} "
+              f"{1e3 * r.seconds:9.1f} ms {r.peak_mb:7.0f} MB", flush=True)
+    print()
+    print(format_table(results, stamp))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": stamp, "results": [asdict(r) for r in results]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

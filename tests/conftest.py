@@ -1,0 +1,25 @@
+"""Shared factories for random Ising inputs (float64 unless asked)."""
+
+import itertools
+
+import torch
+
+
+def symmetric_couplings(n, *batch, scale=1.0, bandwidth=None, dtype=torch.float64, generator=None):
+    """A random symmetric J with zero diagonal, (*batch, n, n); zero beyond |j-k| > bandwidth if given."""
+    W = torch.randn(*batch, n, n, dtype=dtype, generator=generator) * scale
+    upper = W.triu(1)
+    if bandwidth is not None:
+        upper = upper.tril(bandwidth)
+    return upper + upper.transpose(-1, -2)
+
+
+def symmetric_three_body(n, *batch, scale=1.0, dtype=torch.float64, generator=None):
+    """A random fully symmetric K, zero where indices coincide, (*batch, n, n, n)."""
+    W = torch.randn(*batch, n, n, n, dtype=dtype, generator=generator) * scale
+    i = torch.arange(n)
+    ordered = (i[:, None, None] < i[None, :, None]) & (i[None, :, None] < i[None, None, :])
+    upper = W * ordered
+    lead = len(batch)
+    return sum(upper.permute(*range(lead), *(lead + p for p in perm))
+               for perm in itertools.permutations(range(3)))

@@ -1,0 +1,124 @@
+"""Split enumeration ('exact') against the float64 brute-force reference."""
+
+import pytest
+import torch
+from conftest import symmetric_couplings, symmetric_three_body
+
+from boltzmann_attention import ising
+from boltzmann_attention.ising import reference
+
+
+def _compare(h, J, K, mask, atol):
+    m = ising.marginals(h, J, K, mask=mask, method="exact")
+    logz = ising.log_partition(h, J, K, mask=mask, method="exact")
+    assert m.shape == h.shape and logz.shape == h.shape[:-1]
+    torch.testing.assert_close(m, reference.marginals(h, J, K, mask), atol=atol, rtol=0)
+    torch.testing.assert_close(logz, reference.log_partition(h, J, K, mask), atol=atol, rtol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 7, 8, 13])
+@pytest.mark.parametrize("with_K", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_matches_reference(n, with_K, with_mask):
+    g = torch.Generator().manual_seed(n)
+    queries = 3 if n == 13 else 4
+    h = torch.randn(2, queries, n, dtype=torch.float64, generator=g)
+    J = symmetric_couplings(n, 2, 1, generator=g)  # one J per leading batch entry, shared over queries
+    K = symmetric_three_body(n, scale=0.3, generator=g) if with_K else None
+    mask = torch.rand(2, queries, n, generator=g) > 0.3 if with_mask else None
+    _compare(h, J, K, mask, atol=1e-12)
+
+
+def test_prefix_masks_match_reference():
+    n = 9
+    h = torch.randn(5, n, n, dtype=torch.float64)
+    J = symmetric_couplings(n)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    _compare(h, J, None, causal, atol=1e-12)
+
+
+def test_fully_masked_query_gives_zero():
+    h = torch.randn(3, 4, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False, True], [False] * 4, [True] * 4])
+    m = ising.marginals(h, symmetric_couplings(4), mask=mask)
+    assert torch.equal(m[1], torch.zeros(4, dtype=torch.float64))
+    assert ising.log_partition(h, symmetric_couplings(4), mask=mask)[1] == 0
+
+
+def test_masked_system_equals_smaller_system():
+    n = 6
+    h = torch.randn(4, n, dtype=torch.float64)
+    J = symmetric_couplings(n)
+    keep = torch.tensor([0, 2, 3, 5])
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[keep] = True
+    m = ising.marginals(h, J, mask=mask)
+    small = ising.marginals(h[:, keep], J[keep][:, keep])
+    torch.testing.assert_close(m[:, keep], small, atol=1e-13, rtol=0)
+    assert (m[:, ~mask] == 0).all()
+
+
+@pytest.mark.parametrize("scale", [30.0, 1e4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_large_fields_and_couplings_stay_finite_and_exact(scale, dtype):
+    """Z underflows in the shifted GEMM here; the float64 log-space fallback must take over."""
+    g = torch.Generator().manual_seed(1)
+    n = 10
+    h = torch.randn(6, n, dtype=torch.float64, generator=g) * scale
+    J = symmetric_couplings(n, generator=g, scale=scale)
+    m = ising.marginals(h.to(dtype), J.to(dtype))
+    logz = ising.log_partition(h.to(dtype), J.to(dtype))
+    assert torch.isfinite(m).all() and torch.isfinite(logz).all()
+    atol = 1e-5 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(m.double(), reference.marginals(h, J), atol=atol, rtol=0)
+    torch.testing.assert_close(logz.double(), reference.log_partition(h, J), atol=0, rtol=1e-6)
+
+
+def test_float32_typical_values_accuracy():
+    g = torch.Generator().manual_seed(2)
+    n = 16
+    h = torch.randn(32, n, dtype=torch.float64, generator=g) * 2
+    J = symmetric_couplings(n, generator=g, scale=0.3)
+    m = ising.marginals(h.float(), J.float())
+    assert (m.double() - reference.marginals(h, J)).abs().max() < 1e-5
+
+
+def test_gradcheck_h_J_K_with_mask():
+    g = torch.Generator().manual_seed(3)
+    n = 5
+    h = torch.randn(2, 3, n, dtype=torch.float64, generator=g, requires_grad=True)
+    W = torch.randn(n, n, dtype=torch.float64, generator=g, requires_grad=True)
+    V = torch.randn(n, n, n, dtype=torch.float64, generator=g, requires_grad=True)
+    mask = torch.rand(2, 3, n, generator=g) > 0.2
+    i = torch.arange(n)
+    ordered = (i[:, None, None] < i[None, :, None]) & (i[None, :, None] < i[None, None, :])
+
+    def couplings(W, V):
+        J = W.triu(1) + W.triu(1).T
+        U = V * ordered
+        K = sum(U.permute(*p) for p in [(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)])
+        return J, K
+
+    def f(h, W, V):
+        J, K = couplings(W, V)
+        return ising.marginals(h, J, K, mask=mask), ising.log_partition(h, J, K, mask=mask)
+
+    assert torch.autograd.gradcheck(f, (h, W, V))
+    # and the gradient equals the reference's
+    J, K = couplings(W, V)
+    grads = torch.autograd.grad(ising.marginals(h, J, K, mask=mask).pow(2).sum(), (h, W, V))
+    ref = torch.autograd.grad(reference.marginals(h, *couplings(W, V), mask).pow(2).sum(), (h, W, V))
+    for a, b in zip(grads, ref):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+
+
+def test_size_limit_names_alternatives():
+    with pytest.raises(ValueError, match=r"n <= 24.*banded.*meanfield"):
+        ising.marginals(torch.zeros(1, 25), symmetric_couplings(25, dtype=torch.float32))
+    with pytest.raises(ValueError, match="n <= 6"):
+        ising.marginals(torch.zeros(1, 7), symmetric_couplings(7, dtype=torch.float32), max_spins=6)
+    # the limit counts present spins: 30 keys with 10 present is fine
+    mask = torch.zeros(30, dtype=torch.bool)
+    mask[:10] = True
+    m = ising.marginals(torch.randn(2, 30, dtype=torch.float64), symmetric_couplings(30), mask=mask)
+    assert (m[:, 10:] == 0).all()
