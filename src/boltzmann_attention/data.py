@@ -1,0 +1,333 @@
+"""Data for the experiments: Tiny Shakespeare (character level) and bracket matching.
+
+Everything random takes an explicit ``torch.Generator`` (CPU) and draws from nothing else, so runs are
+reproducible and resumable (save ``generator.get_state()``). Tensors are returned on the CPU.
+
+Tiny Shakespeare: :func:`load_shakespeare`, :class:`CharVocabulary`, :class:`ShakespeareData`.
+Bracket matching: :func:`generate_brackets`, :class:`BracketData`, :func:`check_brackets`.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import os
+from importlib import resources
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "SHAKESPEARE_SHA256",
+    "SHAKESPEARE_LENGTH",
+    "load_shakespeare",
+    "CharVocabulary",
+    "ShakespeareData",
+    "OPEN",
+    "CLOSE",
+    "IGNORE",
+    "generate_brackets",
+    "check_brackets",
+    "BracketData",
+]
+
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+SHAKESPEARE_LENGTH = 1_115_394
+_BUNDLED = "datasets/tinyshakespeare.txt.gz"
+
+OPEN = 0
+CLOSE = 1
+IGNORE = -100
+
+
+def _check_generator(generator) -> None:
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU torch.Generator, got device {generator.device}")
+
+
+def _positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tiny Shakespeare
+# ----------------------------------------------------------------------------------------------------------
+
+def _verify_and_decode(raw: bytes, source: str) -> str:
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != SHAKESPEARE_SHA256:
+        raise ValueError(f"Tiny Shakespeare checksum mismatch for {source}: "
+                         f"expected sha256 {SHAKESPEARE_SHA256}, got {digest}")
+    return raw.decode("utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def _load_bundled() -> str:
+    raw = gzip.decompress(resources.files("boltzmann_attention").joinpath(_BUNDLED).read_bytes())
+    return _verify_and_decode(raw, f"bundled {_BUNDLED}")
+
+
+def load_shakespeare(path: str | os.PathLike | None = None) -> str:
+    """The Tiny Shakespeare text (1,115,394 characters), sha256-verified.
+
+    ``path=None`` reads the copy bundled with the package (cached); otherwise a ``.txt`` or gzip file
+    (detected by its magic bytes). Raises ``ValueError`` on a checksum mismatch.
+    """
+    if path is None:
+        return _load_bundled()
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return _verify_and_decode(raw, os.fspath(path))
+
+
+class CharVocabulary:
+    """Character vocabulary: symbol ``i`` is the i-th character of the sorted set of the text's characters."""
+
+    def __init__(self, text: str):
+        if not isinstance(text, str) or not text:
+            raise ValueError("CharVocabulary needs a non-empty string")
+        self.chars = "".join(sorted(set(text)))
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        codes = np.frombuffer(self.chars.encode("utf-32-le"), dtype=np.uint32)
+        self._lut = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
+        self._lut[codes] = np.arange(len(self.chars))
+
+    @property
+    def size(self) -> int:
+        return len(self.chars)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def encode(self, text: str) -> Tensor:
+        """``str`` of length N -> long tensor (N,). Raises ``ValueError`` on a character not in the vocabulary."""
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        ids = np.full(codes.shape, -1, dtype=np.int64)
+        known = codes < len(self._lut)
+        ids[known] = self._lut[codes[known]]
+        if (ids < 0).any():
+            bad = text[int(np.flatnonzero(ids < 0)[0])]
+            raise ValueError(f"character {bad!r} is not in the vocabulary")
+        return torch.from_numpy(ids)
+
+    def decode(self, ids) -> str:
+        """Ids (tensor or sequence, 1-D) -> ``str``."""
+        if isinstance(ids, Tensor):
+            ids = ids.reshape(-1).tolist()
+        return "".join(self.chars[i] for i in ids)
+
+
+class ShakespeareData:
+    """Encoded Tiny Shakespeare with a contiguous train/validation split.
+
+    ``data`` (N,) long over the whole text; ``train = data[:n_train]`` (the first 90% of characters,
+    ``n_train = int(N * (1 - val_fraction))``) and ``val = data[n_train:]`` (the last 10%). The vocabulary
+    is built from the whole text (65 symbols). Windows never cross the split: inputs and targets of a
+    train window lie in ``train``, those of a validation window in ``val``.
+    """
+
+    def __init__(self, text: str | None = None, val_fraction: float = 0.1):
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+        text = load_shakespeare() if text is None else text
+        self.vocab = CharVocabulary(text)
+        self.data = self.vocab.encode(text)
+        self.n_train = int(len(self.data) * (1.0 - val_fraction))
+        self.train = self.data[: self.n_train]
+        self.val = self.data[self.n_train:]
+        if len(self.train) < 2 or len(self.val) < 2:
+            raise ValueError("text too short for this split")
+        self._val_cache: dict[tuple[int, int | None], tuple[Tensor, Tensor]] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab.size
+
+    def _check_T(self, T, split: Tensor) -> int:
+        T = _positive_int("T", T)
+        if T + 1 > len(split):
+            raise ValueError(f"T={T} is too long for a split of {len(split)} characters")
+        return T
+
+    @staticmethod
+    def _windows(split: Tensor, starts: Tensor, T: int) -> tuple[Tensor, Tensor]:
+        w = split[starts[:, None] + torch.arange(T + 1)]
+        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+    def train_batch(self, batch_size: int, T: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Random train windows: x (B, T) long, y (B, T) long with ``y[b, t] = train[i_b + t + 1]``.
+
+        Start offsets ``i_b`` are uniform over ``0 .. n_train - T - 1`` (with replacement), drawn from
+        ``generator`` only.
+        """
+        batch_size = _positive_int("batch_size", batch_size)
+        T = self._check_T(T, self.train)
+        _check_generator(generator)
+        starts = torch.randint(0, len(self.train) - T, (batch_size,), generator=generator)
+        return self._windows(self.train, starts, T)
+
+    def val_offsets(self, T: int, max_windows: int | None = 2048) -> Tensor:
+        """Start offsets (M,) into ``val`` of :meth:`val_windows`: evenly spaced over ``0 .. len(val) - T - 1``.
+
+        ``M = min(max_windows, (len(val) - 1) // T)``, so the windows never overlap; ``None`` takes all
+        ``(len(val) - 1) // T`` non-overlapping windows (the validation split tiled).
+        """
+        T = self._check_T(T, self.val)
+        tiles = (len(self.val) - 1) // T
+        m = tiles if max_windows is None else min(_positive_int("max_windows", max_windows), tiles)
+        if m == 1:
+            return torch.zeros(1, dtype=torch.long)
+        return torch.linspace(0, len(self.val) - T - 1, m, dtype=torch.float64).round().long()
+
+    def val_windows(self, T: int, max_windows: int | None = 2048) -> tuple[Tensor, Tensor]:
+        """Fixed validation windows x (M, T), y (M, T) long at :meth:`val_offsets`; same every call."""
+        T = self._check_T(T, self.val)
+        key = (T, max_windows)
+        if key not in self._val_cache:
+            self._val_cache[key] = self._windows(self.val, self.val_offsets(T, max_windows), T)
+        x, y = self._val_cache[key]
+        return x.clone(), y.clone()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Bracket matching
+# ----------------------------------------------------------------------------------------------------------
+
+def generate_brackets(num_sequences: int, T: int, generator: torch.Generator,
+                      num_fillers: int = 8) -> tuple[Tensor, Tensor]:
+    """Sequences holding one Dyck-1 word among filler tokens.
+
+    Returns tokens (N, T) long (``OPEN``=0, ``CLOSE``=1, fillers ``2 .. 1 + num_fillers``) and labels
+    (N, T) long: for a closing bracket at slot i, the slot of its matching opening bracket (< i); else
+    ``IGNORE``. Each word has length 2p, p uniform in ``1 .. T // 2``; it is built left to right (open if
+    depth is 0, close if the remaining length equals the depth, otherwise open with probability 1/2) and
+    placed at a uniformly random sorted set of 2p slots; the other slots get uniform random fillers.
+    """
+    n = _positive_int("num_sequences", num_sequences)
+    T = _positive_int("T", T, minimum=2)
+    num_fillers = _positive_int("num_fillers", num_fillers)
+    _check_generator(generator)
+    half = T // 2
+    m = 2 * half
+    rows = torch.arange(n)
+
+    # Draws, in a fixed order, all from `generator`.
+    length = 2 * torch.randint(1, half + 1, (n,), generator=generator)
+    coins = torch.rand(n, m, generator=generator) < 0.5
+    keys = torch.rand(n, T, generator=generator)
+    fillers = torch.randint(2, 2 + num_fillers, (n, T), generator=generator)
+
+    # The word, left to right.
+    word = torch.full((n, m), CLOSE, dtype=torch.long)
+    depth = torch.zeros(n, dtype=torch.long)
+    for t in range(m):
+        remaining = length - t
+        active = remaining > 0
+        opens = active & ((depth == 0) | ((remaining != depth) & coins[:, t]))
+        word[:, t] = torch.where(opens, OPEN, CLOSE)
+        depth += opens.long() - (active & ~opens).long()
+
+    # A uniform random subset of `length` slots, filled in order.
+    rank = keys.argsort(dim=1).argsort(dim=1)
+    chosen = rank < length[:, None]
+    index = (chosen.long().cumsum(dim=1) - 1).clamp(min=0)
+    tokens = torch.where(chosen, word.gather(1, index), fillers)
+
+    # Labels with a per-row stack.
+    labels = torch.full((n, T), IGNORE, dtype=torch.long)
+    stack = torch.zeros(n, half + 1, dtype=torch.long)
+    top = torch.zeros(n, dtype=torch.long)
+    for t in range(T):
+        is_open = tokens[:, t] == OPEN
+        stack[rows[is_open], top[is_open]] = t
+        top += is_open.long()
+        is_close = tokens[:, t] == CLOSE
+        top -= is_close.long()
+        labels[is_close, t] = stack[rows[is_close], top[is_close]]
+    return tokens, labels
+
+
+def _bracket_error(tokens, labels) -> str | None:
+    if not isinstance(tokens, Tensor) or not isinstance(labels, Tensor):
+        return "tokens and labels must be tensors"
+    if tokens.dim() != 2 or tokens.shape != labels.shape:
+        return f"tokens and labels must both be (N, T), got {tuple(tokens.shape)} and {tuple(labels.shape)}"
+    if tokens.is_floating_point() or labels.is_floating_point():
+        return "tokens and labels must be integer tensors"
+    for r, (tok_row, lab_row) in enumerate(zip(tokens.tolist(), labels.tolist())):
+        stack = []
+        for i, (tok, lab) in enumerate(zip(tok_row, lab_row)):
+            if tok == OPEN:
+                stack.append(i)
+                expected = IGNORE
+            elif tok == CLOSE:
+                if not stack:
+                    return f"row {r}: closing bracket at {i} has no opening bracket"
+                expected = stack.pop()
+            elif tok > CLOSE:
+                expected = IGNORE
+            else:
+                return f"row {r}: invalid token {tok} at {i}"
+            if lab != expected:
+                return f"row {r}: label {lab} at {i}, expected {expected}"
+        if stack:
+            return f"row {r}: unclosed opening brackets at {stack}"
+    return None
+
+
+def check_brackets(tokens: Tensor, labels: Tensor, raise_error: bool = False) -> bool:
+    """True iff every row is well nested and labelled right, checked with a plain stack.
+
+    tokens, labels (N, T) integer. Right means: each closing bracket's label is the slot of the opening
+    bracket it pops, every other label is ``IGNORE``, no pop on an empty stack, the stack empty at the
+    end, tokens >= 0. With ``raise_error`` a failure raises ``ValueError`` naming the first fault.
+    """
+    error = _bracket_error(tokens, labels)
+    if error is not None and raise_error:
+        raise ValueError(error)
+    return error is None
+
+
+def _split_generator(seed: int, split: int) -> torch.Generator:
+    state = np.random.SeedSequence([seed, split]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+class BracketData:
+    """Fixed bracket-matching sets for one seed: ``train``, ``val``, ``test``, each (tokens, labels) (N, T).
+
+    Split k (0 train, 1 val, 2 test) is generated by :func:`generate_brackets` from its own generator seeded
+    from ``(seed, k)``, so a split depends only on (T, seed, num_fillers, its own size).
+    """
+
+    SPLITS = ("train", "val", "test")
+
+    def __init__(self, T: int, seed: int, num_fillers: int = 8, sizes: tuple[int, int, int] = (20000, 2000, 2000)):
+        self.T = _positive_int("T", T, minimum=2)
+        self.seed = _positive_int("seed", seed, minimum=0)
+        self.num_fillers = _positive_int("num_fillers", num_fillers)
+        if len(sizes) != 3:
+            raise ValueError(f"sizes must be (train, val, test), got {sizes!r}")
+        self.sizes = tuple(_positive_int(f"sizes[{k}]", s) for k, s in enumerate(sizes))
+        for k, (name, size) in enumerate(zip(self.SPLITS, self.sizes)):
+            setattr(self, name, generate_brackets(size, self.T, _split_generator(self.seed, k), self.num_fillers))
+
+    @property
+    def vocab_size(self) -> int:
+        return 2 + self.num_fillers
+
+    def train_batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Rows of the train set drawn uniformly with replacement: tokens (B, T), labels (B, T)."""
+        batch_size = _positive_int("batch_size", batch_size)
+        _check_generator(generator)
+        rows = torch.randint(0, self.sizes[0], (batch_size,), generator=generator)
+        tokens, labels = self.train
+        return tokens[rows], labels[rows]

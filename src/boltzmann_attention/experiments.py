@@ -1,0 +1,122 @@
+"""Sweeps over task x T x mode x method x seed, and the paper's profiles.
+
+A run is named by its grid point (``shakespeare-T8-h+J-exact-base-s0``). Its result is written atomically to
+``<out>/runs/<name>.json`` and its checkpoint to ``<out>/checkpoints/<name>.pt``; a sweep skips runs whose
+result exists and resumes a killed run from its checkpoint, so nothing finished is lost.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from .train import TrainConfig, train, write_result
+
+# The paper's numbers (arXiv:2606.12478), as summarised in shared/docs/BOLTZMANN_ATTENTION.md.
+# Shakespeare: relative improvement of validation perplexity over softmax, percent (positive = better).
+PAPER_SHAKESPEARE_RELATIVE = {
+    ("h+J", 4): -0.02, ("h+J", 6): 0.43, ("h+J", 8): 0.81, ("h+J", 10): 0.92, ("h+J", 12): 1.08,
+    ("h+J", 14): 1.04, ("h", 8): -3.08, ("h", 12): -7.14, ("J", 14): -14.73,
+}
+# Brackets: accuracy over closing brackets, percent.
+PAPER_BRACKETS_ACCURACY = {("h+J", 16): 95.97, ("softmax", 16): 93.08, ("h", 16): 90.06, ("J", 16): 87.42}
+
+PAPER_MODES = ("softmax", "h+J", "h", "J")
+
+
+@dataclass
+class Grid:
+    """A grid of runs sharing one variant (a label plus TrainConfig overrides)."""
+
+    tasks: tuple[str, ...]
+    Ts: tuple[int, ...]
+    modes: tuple[str, ...] = PAPER_MODES
+    methods: tuple[str, ...] = ("exact",)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    variant: str = "base"
+    overrides: dict = field(default_factory=dict)
+
+    def runs(self) -> list[tuple[str, TrainConfig]]:
+        out = []
+        for task in self.tasks:
+            for T in self.Ts:
+                for mode in self.modes:
+                    for method in self.methods:
+                        for seed in self.seeds:
+                            cfg = TrainConfig(task=task, T=T, mode=mode, method=method, seed=seed, **self.overrides)
+                            out.append((run_name(cfg, self.variant), cfg))
+        return out
+
+
+def run_name(cfg: TrainConfig, variant: str = "base") -> str:
+    return f"{cfg.task}-T{cfg.T}-{cfg.mode}-{cfg.method}-{variant}-s{cfg.seed}"
+
+
+def profile(name: str) -> list[Grid]:
+    """The grids of a profile. 'quick' fits in about 15 minutes on 2 cores; 'full' is the paper's tables."""
+    if name == "quick":
+        return [Grid(("shakespeare",), (4, 8), seeds=(0,), overrides={"steps": 1000, "eval_interval": 250}),
+                Grid(("brackets",), (8,), seeds=(0,), overrides={"steps": 1000, "eval_interval": 250})]
+    if name == "full":
+        return [
+            Grid(("shakespeare",), (4, 6, 8, 10, 12, 14)),
+            Grid(("brackets",), (4, 6, 8, 10, 12, 14, 16)),
+            Grid(("brackets",), (8, 12, 16), variant="noffn", overrides={"d_ff": 0}),
+            Grid(("shakespeare", "brackets"), (8, 12), modes=("h+K", "h+J+K")),
+            Grid(("shakespeare",), (16, 20), modes=("softmax", "h+J", "h"), seeds=(0,)),
+        ]
+    raise ValueError(f"unknown profile {name!r}; choose 'quick' or 'full'")
+
+
+def _run_one(args) -> str:
+    name, cfg_dict, variant, out, threads, progress = args
+    torch.set_num_threads(threads)
+    cfg = TrainConfig.from_dict(cfg_dict)
+    out = Path(out)
+    checkpoint = out / "checkpoints" / f"{name}.pt"
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    result = train(cfg, checkpoint=checkpoint, progress=progress)
+    result.update(run=name, variant=variant)
+    write_result(result, out / "runs" / f"{name}.json")
+    checkpoint.unlink(missing_ok=True)
+    return name
+
+
+def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = False) -> list[str]:
+    """Run every grid point whose result does not exist yet; returns the names run.
+
+    Every config is validated first, so a bad grid fails before any training. ``jobs`` processes run in
+    parallel, sharing the machine's cores.
+    """
+    out = Path(out)
+    todo, seen = [], set()
+    for grid in grids:
+        for name, cfg in grid.runs():
+            cfg.validate()
+            if name in seen or (out / "runs" / f"{name}.json").exists():
+                continue
+            seen.add(name)
+            todo.append((name, asdict(cfg), grid.variant))
+    if dry_run or not todo:
+        return [t[0] for t in todo]
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    tasks = [(name, cfg, variant, str(out), threads, jobs == 1) for name, cfg, variant in todo]
+    from tqdm import tqdm
+
+    if jobs == 1:
+        for t in tqdm(tasks, desc="sweep", unit="run"):
+            _run_one(t)
+    else:
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            for _ in tqdm(pool.imap_unordered(_run_one, tasks), total=len(tasks), desc="sweep", unit="run"):
+                pass
+    return [t[0] for t in todo]
+
+
+def with_overrides(grids: list[Grid], **overrides) -> list[Grid]:
+    """The same grids with extra TrainConfig overrides (e.g. fewer steps for a smoke test)."""
+    return [replace(g, overrides={**g.overrides, **overrides}) for g in grids]

@@ -1,0 +1,102 @@
+"""The paper's model: a small pre-LayerNorm Transformer whose attention is any mode of Boltzmann attention.
+
+    tokens (B, T) -> token + learned position embeddings (B, T, d_model)
+                  -> n_layers x [x + Attention(LN(x)); x + FFN(LN(x))]   (FFN optional: d_ff = 0 drops it)
+                  -> LN -> head
+
+Heads:
+- ``lm``: next-token logits (B, T, vocab).
+- ``pointer``: for bracket matching, a score for every (position i, earlier position j < i), (B, T, T):
+  score_ij = (W_q x_i).(W_k x_j) / sqrt(d_model), with j >= i masked to -inf. A closing bracket's target is the
+  position of its opening bracket, so a cross-entropy over j is the loss. Row 0 has no earlier position; its
+  scores are all -inf except j = 0 (it never carries a label).
+
+Defaults are the paper's: 1 layer, 1 head, d_model 64, d_ff 128.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import BoltzmannAttention
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    max_len: int                      # the window T
+    mode: str = "h+J"                 # softmax | h | J | h+J | h+K | h+J+K
+    method: str = "exact"             # how marginals are computed (boltzmann_attention.ising)
+    d_model: int = 64
+    n_heads: int = 1
+    n_layers: int = 1
+    d_ff: int = 128                   # 0: no FFN (the paper's attention-only ablation)
+    head: str = "lm"                  # lm | pointer
+    coupling: str = "full"            # full | relative
+    coupling_init_std: float = 0.0
+    field_bias_init: float | None = None  # None: -log(max_len) / 2
+    learn_field_bias: bool = True
+    method_options: dict = field(default_factory=dict)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(cfg.d_model)
+        self.attn = BoltzmannAttention(
+            cfg.d_model, cfg.n_heads, max_len=cfg.max_len, mode=cfg.mode, method=cfg.method, causal=True,
+            coupling=cfg.coupling, coupling_init_std=cfg.coupling_init_std, field_bias_init=cfg.field_bias_init,
+            learn_field_bias=cfg.learn_field_bias, method_options=cfg.method_options)
+        self.ffn = None
+        if cfg.d_ff > 0:
+            self.ln_ffn = nn.LayerNorm(cfg.d_model)
+            self.ffn = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_attn(x))[0]
+        if self.ffn is not None:
+            x = x + self.ffn(self.ln_ffn(x))
+        return x
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.head not in ("lm", "pointer"):
+            raise ValueError(f"unknown head {cfg.head!r}; choose 'lm' or 'pointer'")
+        self.cfg = cfg
+        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_out = nn.LayerNorm(cfg.d_model)
+        if cfg.head == "lm":
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
+        else:
+            self.head = nn.Linear(cfg.d_model, 2 * cfg.d_model)  # pointer query and key
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) -> logits (B, T, vocab) for 'lm', or pointer scores (B, T, T)."""
+        B, T = tokens.shape
+        if T > self.cfg.max_len:
+            raise ValueError(f"sequence length {T} exceeds the model's max_len {self.cfg.max_len}")
+        x = self.token_embedding(tokens) + self.position_embedding(torch.arange(T, device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        x = self.ln_out(x)
+        if self.cfg.head == "lm":
+            return self.head(x)
+        q, k = self.head(x).chunk(2, dim=-1)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.cfg.d_model)
+        earlier = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)
+        earlier[0, 0] = True  # keep row 0 finite; it never has a label
+        return scores.masked_fill(~earlier, float("-inf"))
+
+
+def loss_fn(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy over labelled positions (targets == -100 are ignored). outputs (B, T, C)."""
+    return F.cross_entropy(outputs.flatten(0, 1), targets.flatten(), ignore_index=-100)

@@ -1,0 +1,152 @@
+"""Training: the loss goes down, resume is bit-exact, errors come before training, DDP runs."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+from boltzmann_attention import cli
+from boltzmann_attention.experiments import Grid, profile, run_name, sweep
+from boltzmann_attention.model import Model, ModelConfig
+from boltzmann_attention.train import TrainConfig, train
+
+SMALL = dict(steps=40, batch_size=16, eval_interval=20, eval_windows=64, d_model=16, d_ff=32, warmup_steps=5)
+
+
+@pytest.mark.parametrize("task,mode", [("shakespeare", "h+J"), ("brackets", "h+J"), ("shakespeare", "softmax"),
+                                       ("brackets", "J"), ("shakespeare", "h+J+K")])
+def test_a_few_steps_lower_the_loss(task, mode):
+    torch.set_num_threads(1)
+    result = train(TrainConfig(task=task, T=6, mode=mode, **SMALL), progress=False)
+    first, last = result["history"][0], result["history"][-1]
+    assert last["step"] == 40 and last["train_loss"] < 0.9 * result["history"][0]["train_loss"] or \
+        last["loss"] < first["loss"]
+    initial = TrainConfig(task=task, T=6, mode=mode, **{**SMALL, "steps": 1, "eval_interval": 1})
+    assert result["metrics"]["val"]["loss"] < train(initial, progress=False)["metrics"]["val"]["loss"]
+    if "J" in mode:
+        J = torch.tensor(result["couplings"])
+        assert J.shape == (1, 6, 6) and J.abs().max() > 0  # the couplings learned something
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    torch.set_num_threads(1)
+    cfg = TrainConfig(task="shakespeare", T=5, mode="h+J", **{**SMALL, "steps": 30, "eval_interval": 10})
+    full = train(cfg, progress=False)
+    ckpt = tmp_path / "run.pt"
+    train(replace(cfg, steps=30), checkpoint=ckpt, checkpoint_interval=10, progress=False)
+    # simulate a kill after step 10: rerun from the step-10 checkpoint written by a 10-step prefix
+    ckpt.unlink()
+    partial = tmp_path / "partial.pt"
+    _train_until(cfg, partial, stop=10)
+    resumed = train(cfg, checkpoint=partial, progress=False)
+    assert resumed["steps_run"] == 20
+    assert resumed["metrics"] == full["metrics"]
+    assert resumed["history"] == full["history"]
+    assert resumed["couplings"] == full["couplings"]
+
+
+def _train_until(cfg, path, stop):
+    """Run cfg but stop (as if killed) right after the checkpoint at `stop` steps."""
+    import boltzmann_attention.train as T
+
+    original = T.save_checkpoint
+
+    class Killed(Exception):
+        pass
+
+    def save_then_die(*args, **kwargs):
+        original(*args, **kwargs)
+        raise Killed
+
+    T.save_checkpoint = save_then_die
+    try:
+        with pytest.raises(Killed):
+            train(cfg, checkpoint=path, checkpoint_interval=stop, progress=False)
+    finally:
+        T.save_checkpoint = original
+
+
+def test_bad_checkpoints_raise_clear_errors(tmp_path):
+    cfg = TrainConfig(task="shakespeare", T=5, **{**SMALL, "steps": 2})
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="corrupted or unreadable"):
+        train(cfg, checkpoint=bad, progress=False)
+    other = tmp_path / "other.pt"
+    _train_until(replace(cfg, steps=4), other, stop=2)
+    with pytest.raises(ValueError, match="another config"):
+        train(replace(cfg, mode="h", steps=4), checkpoint=other, progress=False)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(task="copying"), "unknown task"),
+    (dict(mode="K"), "unknown mode"),
+    (dict(method="gibbs"), "unknown method"),
+    (dict(T=30), "beyond method 'exact'"),
+    (dict(mode="h+K", method="meanfield"), "needs method='exact'"),
+])
+def test_bad_configs_fail_before_training(change, message):
+    with pytest.raises(ValueError, match=message):
+        train(TrainConfig(**{**SMALL, **change}), progress=False)
+
+
+def test_pointer_head_masks_later_positions():
+    model = Model(ModelConfig(vocab_size=10, max_len=6, head="pointer", d_model=16, d_ff=0))
+    scores = model(torch.randint(0, 10, (2, 6)))
+    assert scores.shape == (2, 6, 6)
+    later = torch.ones(6, 6, dtype=torch.bool).triu()
+    later[0, 0] = False
+    assert torch.isinf(scores[:, later]).all() and torch.isfinite(scores[:, ~later]).all()
+
+
+def test_sweep_skips_finished_runs(tmp_path):
+    grid = Grid(("brackets",), (4,), modes=("softmax", "h"), seeds=(0,), overrides={**SMALL, "steps": 3})
+    names = sweep([grid], tmp_path)
+    assert sorted(names) == sorted(run_name(cfg) for _, cfg in grid.runs())
+    saved = json.loads((tmp_path / "runs" / f"{names[0]}.json").read_text())
+    assert saved["run"] == names[0] and saved["config"]["steps"] == 3 and "commit" in saved
+    assert sweep([grid], tmp_path) == []  # nothing left to do
+    assert not list((tmp_path / "checkpoints").glob("*.pt"))
+
+
+def test_profiles_validate():
+    for name in ("quick", "full"):
+        for grid in profile(name):
+            for _, cfg in grid.runs():
+                cfg.validate()
+    with pytest.raises(ValueError, match="unknown profile"):
+        profile("huge")
+
+
+def test_cli_help_and_errors(capsys):
+    for command in ([], ["train"], ["sweep"], ["report"], ["reproduce"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main([*command, "--help"])
+        assert e.value.code == 0
+    assert "boltzmann-attention" in capsys.readouterr().out
+    assert cli.main(["train", "--mode", "K", "--steps", "1"]) == 2
+    assert "unknown mode" in capsys.readouterr().err
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_processes(tmp_path):
+    """torchrun-style launch of 2 gloo processes; rank 0 writes the result."""
+    out = tmp_path / "ddp.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), "-m", "boltzmann_attention.cli", "train", "--task", "brackets", "--T", "5",
+           "--steps", "6", "--batch-size", "8", "--eval-interval", "3", "--d-model", "16", "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["steps_run"] == 6 and result["history"][-1]["step"] == 6
