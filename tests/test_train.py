@@ -95,8 +95,8 @@ def test_bad_configs_fail_before_training(change, message):
         train(TrainConfig(**{**SMALL, **change}), progress=False)
 
 
-def test_pointer_head_masks_later_positions():
-    model = Model(ModelConfig(vocab_size=10, max_len=6, head="pointer", d_model=16, d_ff=0))
+def test_position_head_masks_later_positions():
+    model = Model(ModelConfig(vocab_size=10, max_len=6, head="position", d_model=16, d_ff=0))
     scores = model(torch.randint(0, 10, (2, 6)))
     assert scores.shape == (2, 6, 6)
     later = torch.ones(6, 6, dtype=torch.bool).triu()

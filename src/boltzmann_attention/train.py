@@ -90,7 +90,7 @@ class TrainConfig:
         return ModelConfig(
             vocab_size=vocab_size, max_len=self.T, mode=self.mode, method=self.method, d_model=self.d_model,
             n_heads=self.n_heads, n_layers=self.n_layers, d_ff=self.d_ff,
-            head="lm" if self.task == "shakespeare" else "pointer", coupling=self.coupling,
+            head="lm" if self.task == "shakespeare" else "position", coupling=self.coupling,
             coupling_init_std=self.coupling_init_std, field_bias_init=self.field_bias_init,
             learn_field_bias=self.learn_field_bias, method_options=self.method_options)
 
@@ -125,7 +125,7 @@ class Task:
     @torch.no_grad()
     def evaluate(self, model, split: str = "val", batch_size: int = 256) -> dict:
         """Shakespeare: loss and perplexity over all positions and at the last position only.
-        Brackets: loss and accuracy of the pointer over closing brackets."""
+        Brackets: loss and accuracy of the position head over closing brackets."""
         x, y = self.val if split == "val" else self.data.test
         nll_sum = nll_last = correct = count = 0.0
         for xb, yb in zip(x.split(batch_size), y.split(batch_size)):

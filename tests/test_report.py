@@ -1,0 +1,334 @@
+"""The report generator on synthetic results with planted numbers."""
+
+import json
+import math
+import re
+import statistics
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+
+from boltzmann_attention.experiments import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
+from boltzmann_attention.report import combine, fit_exponential, load_runs, verdict, write_report
+from boltzmann_attention.train import TrainConfig
+
+SEEDS = (0, 1, 2)
+SEED_OFFSET = {0: -0.1, 1: 0.0, 2: 0.1}  # added to a planted relative improvement (percent): std 0.1
+# Planted relative improvement over softmax (percent) per mode and T; T=16 is past the paper.
+PLANTED_REL = {
+    "h+J": {6: 0.05, 8: 1.0, 12: 1.5, 16: 2.0},   # T=6 within noise on purpose
+    "h": {6: 0.2, 8: -3.0, 12: -6.0, 16: -8.0},
+    "J": {6: -10.0, 8: -12.0, 12: -14.0, 16: -16.0},
+    "h+J+K": {8: 0.8, 12: 1.2},
+}
+# Planted test accuracy per variant, mode, T; per seed -0.005, 0, +0.005; validation = test + 0.01.
+PLANTED_ACC = {
+    "base": {"softmax": {8: 0.95, 16: 0.93}, "h+J": {8: 0.97, 16: 0.96}, "h": {8: 0.93, 16: 0.90},
+             "J": {8: 0.90, 16: 0.87}, "h+J+K": {16: 0.965}},
+    "noffn": {"softmax": {8: 0.80, 16: 0.75}, "h+J": {8: 0.86, 16: 0.84}},
+}
+ACC_OFFSET = {0: -0.005, 1: 0.0, 2: 0.005}
+
+
+def softmax_ppl(T, seed):
+    return 6.0 - 0.05 * T + 0.1 * seed
+
+
+def planted_couplings(T, seed):
+    d = np.abs(np.arange(T)[:, None] - np.arange(T)[None, :])
+    J = np.where(d > 0, 0.4 * (-1.0) ** d / np.maximum(d, 1), 0.0)
+    noise = np.random.default_rng(seed).normal(0, 0.02, (T, T))
+    J = J + np.triu(noise, 1) + np.triu(noise, 1).T
+    return J[None].tolist()
+
+
+def write_run(root, task, T, mode, seed, *, variant="base", method="exact", val=None, test=None, couplings=None,
+              **overrides):
+    """One results JSON in the schema of train.train + experiments._run_one."""
+    cfg = asdict(TrainConfig(task=task, T=T, mode=mode, method=method, seed=seed, **overrides))
+    name = f"{task}-T{T}-{mode}-{method}-{variant}-s{seed}"
+    result = {"run": name, "variant": variant, "config": cfg, "seed": seed, "steps_run": cfg["steps"],
+              "wall_time_s": 30.0, "metrics": {"val": val}, "history": [{"step": cfg["steps"], "train_loss": 1.0,
+                                                                           **val}],
+              "machine": "x86_64", "processor": "x86_64", "cpus": 2, "torch": "2.3.0", "python": "3.11.0",
+              "commit": "abc1234"}
+    if test is not None:
+        result["metrics"]["test"] = test
+    if couplings is not None:
+        result["couplings"] = couplings
+    if mode != "softmax":
+        result["field_bias"] = [-1.0]
+    path = root / "runs" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result))
+    return path
+
+
+def shakespeare_val(ppl):
+    return {"loss": math.log(ppl), "ppl": ppl, "loss_last": math.log(1.1 * ppl), "ppl_last": 1.1 * ppl}
+
+
+def brackets_metrics(acc):
+    return {"loss": 0.3, "accuracy": acc}
+
+
+def planted_ppl(mode, T, seed):
+    if mode == "softmax":
+        return softmax_ppl(T, seed)
+    rel = PLANTED_REL[mode][T] + SEED_OFFSET[seed]
+    return softmax_ppl(T, seed) * (1 - rel / 100)
+
+
+def build_results(root):
+    for T in (6, 8, 12, 16):
+        for mode in ("softmax", "h+J", "h", "J", "h+J+K"):
+            if mode != "softmax" and T not in PLANTED_REL[mode]:
+                continue
+            for seed in SEEDS:
+                J = planted_couplings(T, seed) if "J" in mode else None
+                write_run(root, "shakespeare", T, mode, seed, val=shakespeare_val(planted_ppl(mode, T, seed)),
+                          couplings=J)
+    for variant, modes in PLANTED_ACC.items():
+        for mode, by_T in modes.items():
+            for T, acc in by_T.items():
+                for seed in SEEDS:
+                    a = acc + ACC_OFFSET[seed]
+                    J = planted_couplings(T, seed) if "J" in mode else None
+                    write_run(root, "brackets", T, mode, seed, variant=variant, val=brackets_metrics(a + 0.01),
+                              test=brackets_metrics(a), couplings=J, **({"d_ff": 0} if variant == "noffn" else {}))
+    (root / "runs" / "shakespeare-T8-h-exact-base-s9.tmp").write_text("{half written")
+
+
+def table_after(text, heading):
+    """The first Markdown table after a heading line, as {first cell: {column: cell}}."""
+    lines = text.splitlines()
+    i = lines.index(heading) + 1
+    while not lines[i].startswith("|"):
+        i += 1
+    rows = []
+    while i < len(lines) and lines[i].startswith("|"):
+        rows.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+        i += 1
+    header = rows[0]
+    return {row[0]: dict(zip(header, row)) for row in rows[2:]}
+
+
+def mean_std(values):
+    return statistics.mean(values), statistics.stdev(values)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    build_results(root)
+    out = root / "report"
+    path = write_report(root, out)
+    return path, path.read_text()
+
+
+def test_header(report):
+    _, text = report
+    n_runs = 3 * (4 * 4 + 2) + 3 * (2 * 4 + 1 + 2 * 2)
+    assert f"- Runs: {n_runs} " in text
+    assert "- Seeds: 0, 1, 2" in text
+    assert f"- Total training wall time: {int(n_runs * 30 / 60)} min" in text
+    assert "torch: 2.3.0" in text and "abc1234" in text
+    assert "steps 4000; batch size 64; learning rate 0.003" in text
+    assert "- Variant `noffn`: d_ff=0" in text
+
+
+def test_tables_are_well_formed(report):
+    _, text = report
+    table_lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(table_lines) > 40
+    blocks, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            blocks.append(current)
+            current = []
+    for block in blocks:  # every row has its header's number of cells (no stray "|" in a cell)
+        assert len({line.count("|") for line in block}) == 1, block[0]
+
+
+def test_shakespeare_table_means_relative_improvement_and_paper(report):
+    _, text = report
+    table = table_after(text, "### Shakespeare: perplexity, all positions (variant `base`)")
+    assert set(table) == {"6", "8", "12", "16"}
+    for T in (6, 8, 12, 16):
+        m, s = mean_std([softmax_ppl(T, seed) for seed in SEEDS])
+        assert table[str(T)]["softmax PPL"] == f"{m:.3f} ± {s:.3f} (n=3)"
+        m, s = mean_std([planted_ppl("h+J", T, seed) for seed in SEEDS])
+        assert table[str(T)]["h+J PPL"] == f"{m:.3f} ± {s:.3f} (n=3)"
+        rel = [(softmax_ppl(T, seed) - planted_ppl("h+J", T, seed)) / softmax_ppl(T, seed) * 100 for seed in SEEDS]
+        m, s = mean_std(rel)
+        assert table[str(T)]["h+J Δ%"] == f"{m:+.2f} ± {s:.2f}"
+        assert abs(m - PLANTED_REL["h+J"][T]) < 1e-9 and abs(s - 0.1) < 1e-9
+    assert table["8"]["h Δ%"] == "-3.00 ± 0.10"
+    assert table["12"]["J Δ%"] == "-14.00 ± 0.10"
+    # the paper's numbers, adjacent, blank where the paper has none
+    assert table["8"]["h+J paper Δ%"] == f"{PAPER_SHAKESPEARE_RELATIVE[('h+J', 8)]:+.2f}"
+    assert table["12"]["h paper Δ%"] == f"{PAPER_SHAKESPEARE_RELATIVE[('h', 12)]:+.2f}"
+    assert table["16"]["h+J paper Δ%"] == ""
+    assert table["8"]["J paper Δ%"] == ""
+    # three-body mode as an extra column, blank where not run
+    assert table["8"]["h+J+K Δ%"] == "+0.80 ± 0.10"
+    assert table["6"]["h+J+K PPL"] == "" and "h+J+K paper Δ%" not in table["6"]
+    # last position: ppl_last = 1.1 ppl, so the same relative improvement
+    last = table_after(text, "### Shakespeare: perplexity, last position only (variant `base`)")
+    m, s = mean_std([1.1 * softmax_ppl(8, seed) for seed in SEEDS])
+    assert last["8"]["softmax PPL"] == f"{m:.3f} ± {s:.3f} (n=3)"
+    assert last["8"]["h+J Δ%"] == "+1.00 ± 0.10"
+
+
+def test_brackets_tables(report):
+    _, text = report
+    test = table_after(text, "### Brackets: test accuracy (variant `base`)")
+    m, s = mean_std([100 * (0.96 + ACC_OFFSET[seed]) for seed in SEEDS])
+    assert test["16"]["h+J acc %"] == f"{m:.2f} ± {s:.2f} (n=3)"
+    assert test["16"]["h+J Δ pts"] == "+3.00 ± 0.00"
+    assert test["16"]["J Δ pts"] == "-6.00 ± 0.00"
+    for mode in ("h+J", "softmax", "h", "J"):
+        assert test["16"][f"{mode} paper %"] == f"{PAPER_BRACKETS_ACCURACY[(mode, 16)]:.2f}"
+        assert test["8"][f"{mode} paper %"] == ""
+    assert test["16"]["h+J+K Δ pts"] == "+3.50 ± 0.00" and test["8"]["h+J+K acc %"] == ""
+    val = table_after(text, "### Brackets: validation accuracy (variant `base`)")
+    m, s = mean_std([100 * (0.97 + ACC_OFFSET[seed]) for seed in SEEDS])
+    assert val["16"]["h+J acc %"] == f"{m:.2f} ± {s:.2f} (n=3)"
+    noffn = table_after(text, "### Brackets: test accuracy (variant `noffn`)")
+    assert noffn["16"]["h+J Δ pts"] == "+9.00 ± 0.00"
+    assert "h+J paper %" not in noffn["16"] and "h Δ pts" not in noffn["16"]
+
+
+def test_pngs_exist_are_small_and_linked(report):
+    path, text = report
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    expected = {"metric_shakespeare_base.png", "metric_brackets_base.png", "metric_brackets_noffn.png",
+                "fit_shakespeare_base.png", "couplings_shakespeare.png", "couplings_brackets.png",
+                "coupling_distance_shakespeare.png", "coupling_distance_brackets.png"}
+    assert expected <= set(links)
+    for link in links:
+        png = path.parent / link
+        assert not link.startswith("/") and png.exists()
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert png.stat().st_size < 100_000, link
+
+
+def test_couplings_section(report):
+    _, text = report
+    table = table_after(text, "### shakespeare (variant `base`)")
+    assert set(table) == {"6", "8", "12", "16"}
+    assert table["8"]["seeds"] == "3"
+    assert float(table["8"]["correlation between seeds"]) > 0.9
+    assert float(table["8"]["R² of J by distance"]) > 0.9
+
+
+def test_agreement_section(report):
+    _, text = report
+    ahead = table_after(text, "### h+J ahead of softmax on Shakespeare (level at T=4, ahead from T=6)")
+    assert ahead["8"]["verdict"].startswith("agrees (significant")
+    assert ahead["6"]["verdict"].startswith("agrees in sign only (within noise")
+    assert ahead["4"]["verdict"] == "not measured" and ahead["14"]["verdict"] == "not measured"
+    assert ahead["8"]["paper"] == "+0.81 %"
+    behind = table_after(text, "### h behind softmax on Shakespeare from T=8")
+    assert behind["8"]["verdict"].startswith("agrees (significant") and behind["8"]["measured"] == "-3.00 ± 0.10 %"
+    worst = table_after(text, "### J the worst mode on Shakespeare")
+    assert worst["12"]["verdict"].startswith("agrees") and "(h)" in worst["12"]["measured"]
+    order = table_after(text, "### Brackets at T=16: h+J > softmax > h > J (test accuracy)")
+    assert order["h+J − softmax"]["paper"] == "+2.89 pts"
+    assert all(row["verdict"].startswith("agrees") for row in order.values())
+    assert "Measured order at T=16: h+J 96.00 % > softmax 93.00 % > h 90.00 % > J 87.00 %." in text
+    overview = table_after(text, "## Agreement with the paper")
+    assert overview["h+J's advantage grows with T (Shakespeare, T ≤ 14)"]["verdict"].startswith("agrees")
+    assert overview["Without the FFN the h+J − softmax gap on brackets widens"]["verdict"].startswith("agrees")
+    # h+J+K planted above h+J on brackets at T=16 and below it on Shakespeare: both as the paper says
+    three_body = overview["Three-body couplings help on brackets at T ≥ 12, not on Shakespeare"]["verdict"]
+    assert three_body.startswith("agrees: 3 of 3 comparisons agree")
+
+
+def test_extension_section(report):
+    _, text = report
+    table = table_after(text, "## Extension past the paper")
+    assert table["16"]["h+J Δ% vs softmax"] == "+2.00 ± 0.10 %" and table["12"]["h+J Δ% vs softmax"] == "+1.50 ± 0.10 %"
+    assert "the advantage keeps growing" in text
+
+
+def test_fit_recovers_planted_parameters():
+    a, b, c = 3.0, 0.2, 4.0
+    Ts = np.arange(4, 16, 2)
+    fit = fit_exponential(Ts, a * np.exp(-b * Ts) + c)
+    assert fit.message == "" and fit.n_T == 6
+    np.testing.assert_allclose(fit.params, (a, b, c), rtol=1e-4)
+    noisy = a * np.exp(-b * Ts) + c + np.random.default_rng(0).normal(0, 0.01, Ts.size)
+    fit = fit_exponential(Ts, noisy)
+    np.testing.assert_allclose(fit.params, (a, b, c), rtol=0.3)
+    assert all(math.isfinite(e) and e > 0 for e in fit.errors)
+    assert fit_exponential([4, 6, 8], [5, 4.5, 4.2]).message.startswith("not fitted: 3 T values")
+    assert fit_exponential(Ts, np.full(Ts.size, np.nan)).message.startswith("fit failed")
+
+
+def test_fit_table_in_report(tmp_path):
+    a, b, c = 2.0, 0.25, 3.5
+    Ts = (4, 6, 8, 10, 12)
+    for T in Ts:
+        write_run(tmp_path, "shakespeare", T, "softmax", 0, val=shakespeare_val(a * math.exp(-b * T) + c))
+    for T in (4, 8):
+        write_run(tmp_path, "shakespeare", T, "h+J", 0, val=shakespeare_val(3.0))
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| base |")]
+    softmax = next(r for r in rows if "| softmax |" in r).split("|")
+    got = [float(cell.split("±")[0]) for cell in softmax[4:7]]
+    np.testing.assert_allclose(got, (a, b, c), rtol=1e-3)
+    assert "not fitted: 2 T values" in next(r for r in rows if "| h+J |" in r)
+
+
+def test_malformed_json_names_the_file(tmp_path):
+    write_run(tmp_path, "shakespeare", 8, "softmax", 0, val=shakespeare_val(5.0))
+    bad = tmp_path / "runs" / "shakespeare-T8-h+J-exact-base-s0.json"
+    bad.write_text('{"run": "truncated", ')
+    with pytest.raises(ValueError, match=re.escape(str(bad))):
+        write_report(tmp_path, tmp_path / "out")
+    bad.write_text(json.dumps({"run": "x", "metrics": {}}))
+    with pytest.raises(ValueError, match=re.escape(bad.name)):
+        load_runs(tmp_path)
+    with pytest.raises(ValueError, match="no run results"):
+        load_runs(tmp_path / "nothing-here")
+
+
+def test_partial_grids_do_not_crash(tmp_path):
+    # one Shakespeare mode without softmax, unshared seeds, a lone bracket run, couplings for one seed only
+    write_run(tmp_path, "shakespeare", 8, "h+J", 0, val=shakespeare_val(5.0), couplings=planted_couplings(8, 0))
+    write_run(tmp_path, "shakespeare", 12, "softmax", 1, val=shakespeare_val(4.8))
+    write_run(tmp_path, "shakespeare", 12, "h", 2, val=shakespeare_val(5.0))
+    write_run(tmp_path, "brackets", 16, "h", 0, val=brackets_metrics(0.9), test=brackets_metrics(0.88))
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    table = table_after(text, "### Shakespeare: perplexity, all positions (variant `base`)")
+    assert table["8"]["softmax PPL"] == "" and table["8"]["h+J Δ%"] == ""
+    assert table["12"]["h Δ%"] == f"{(4.8 - 5.0) / 4.8 * 100:+.2f} †"  # no shared seed: from the means
+    assert "not measured" in text and "Extension past the paper" not in text
+    order = table_after(text, "### Brackets at T=16: h+J > softmax > h > J (test accuracy)")
+    assert all(row["verdict"] == "not measured" for row in order.values())
+    # two seeds: too few to test
+    for seed in (0, 1):
+        write_run(tmp_path, "shakespeare", 8, "softmax", seed, val=shakespeare_val(5.0 + seed))
+        write_run(tmp_path, "shakespeare", 8, "h+J", seed, val=shakespeare_val(4.9 + seed))
+    write_run(tmp_path, "shakespeare", 20, "h+J", 0, val=shakespeare_val(4.0))
+    write_run(tmp_path, "shakespeare", 20, "softmax", 0, val=shakespeare_val(4.1))
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    ahead = table_after(text, "### h+J ahead of softmax on Shakespeare (level at T=4, ahead from T=6)")
+    assert "too few seeds" in ahead["8"]["verdict"]
+    assert "## Extension past the paper" in text and "without T = 12 or 14 runs" in text
+
+
+def test_verdicts():
+    better = combine([{0: 5.0, 1: 5.1, 2: 5.2}, {0: 4.9, 1: 5.0, 2: 5.1}], lambda s, m: (s - m) / s * 100)
+    assert verdict(better, "greater").text.startswith("agrees (significant")
+    assert verdict(better, "less").text.startswith("does not agree (significant")
+    assert verdict(better, "level").text.startswith("does not agree (different")
+    noisy = combine([{0: 5.0, 1: 5.0, 2: 5.0}, {0: 4.9, 1: 5.1, 2: 4.98}], lambda s, m: (s - m) / s * 100)
+    assert "within noise" in verdict(noisy, "greater").text and verdict(noisy, "level").agrees
+    few = combine([{0: 5.0}, {0: 4.9}], lambda s, m: (s - m) / s * 100)
+    assert verdict(few, "greater").text == "agrees (too few seeds to test: 1 paired)"
+    assert verdict(None, "greater").text == "not measured"
