@@ -86,10 +86,10 @@ def test_float32_typical_values_accuracy():
 def test_gradcheck_h_J_K_with_mask():
     g = torch.Generator().manual_seed(3)
     n = 5
-    h = torch.randn(2, 3, n, dtype=torch.float64, generator=g, requires_grad=True)
+    h = torch.randn(2, 2, n, dtype=torch.float64, generator=g, requires_grad=True)
     W = torch.randn(n, n, dtype=torch.float64, generator=g, requires_grad=True)
     V = torch.randn(n, n, n, dtype=torch.float64, generator=g, requires_grad=True)
-    mask = torch.rand(2, 3, n, generator=g) > 0.2
+    mask = torch.rand(2, 2, n, generator=g) > 0.2
     i = torch.arange(n)
     ordered = (i[:, None, None] < i[None, :, None]) & (i[None, :, None] < i[None, None, :])
 
@@ -103,7 +103,8 @@ def test_gradcheck_h_J_K_with_mask():
         J, K = couplings(W, V)
         return ising.marginals(h, J, K, mask=mask), ising.log_partition(h, J, K, mask=mask)
 
-    assert torch.autograd.gradcheck(f, (h, W, V))
+    assert torch.autograd.gradcheck(f, (h, W, V), fast_mode=True)
+    assert torch.autograd.gradcheck(lambda h, W: f(h, W, V.detach()), (h, W))
     # and the gradient equals the reference's
     J, K = couplings(W, V)
     grads = torch.autograd.grad(ising.marginals(h, J, K, mask=mask).pow(2).sum(), (h, W, V))

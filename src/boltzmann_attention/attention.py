@@ -206,8 +206,8 @@ class BoltzmannAttention(nn.Module):
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         if coupling not in ("full", "relative"):
             raise ValueError(f"unknown coupling {coupling!r}; choose 'full' or 'relative'")
-        if method not in ising.METHODS:
-            raise ValueError(f"unknown method {method!r}; choose one of {sorted(ising.METHODS)}")
+        if not isinstance(method, ising.DimodSampler) and method not in ising.METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of {sorted(ising.METHODS)} or a DimodSampler")
         self.embed_dim, self.num_heads, self.max_len = embed_dim, num_heads, max_len
         self.mode, self.method, self.causal = mode, method, causal
         self.method_options = dict(method_options or {})

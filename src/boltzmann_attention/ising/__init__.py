@@ -20,7 +20,15 @@ method         what                                                    limit
 ``banded``     transfer matrix for J_jk = 0 when |j-k| > w            any n, 2^w states
 ``meanfield``  naive mean field, damped fixed point, implicit grads    any n, approximate
 ``tap``        mean field with the TAP (Onsager) correction            any n, approximate
+``gibbs``      Gibbs sampling (sequential heat bath), batched           any n, stochastic
+``pt``         parallel tempering over a beta ladder                    any n, stochastic
+``dqa``        simulated diabatic quantum annealing, then sampling      n <= 16, not Boltzmann
 =============  ======================================================  ====================
+
+Sampled methods (gibbs, pt, dqa, and any dimod sampler through :class:`DimodSampler`) take a
+``gradient`` option: 'covariance' (fluctuation-dissipation from the same samples), 'ste' (a documented
+straight-through surrogate) or 'nudged' (a second sampling phase; works with any sampler). See
+``_sampling.py``.
 
 No method is ever replaced by another behind the caller's back: a method that cannot handle an input
 raises an error naming its limit and the alternatives.
@@ -32,10 +40,11 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from . import banded, exact, meanfield, reference
+from . import annealing, banded, exact, mcmc, meanfield, reference
 from ._inputs import check_inputs
+from .dimod_adapter import DimodSampler
 
-__all__ = ["marginals", "log_partition", "METHODS"]
+__all__ = ["marginals", "log_partition", "METHODS", "DimodSampler"]
 
 
 def _tap(fn: Callable) -> Callable:
@@ -52,11 +61,17 @@ METHODS: dict[str, tuple[Callable, Callable]] = {
     "banded": (banded.marginals, banded.log_partition),
     "meanfield": (meanfield.marginals, meanfield.log_partition),
     "tap": (_tap(meanfield.marginals), _tap(meanfield.log_partition)),
+    "gibbs": (mcmc.gibbs, mcmc.log_partition),
+    "pt": (mcmc.pt, mcmc.log_partition),
+    "dqa": (annealing.dqa_marginals, mcmc.log_partition),
 }
 
 
-def _lookup(method: str, which: int) -> Callable:
-    if method not in METHODS:
+def _lookup(method, which: int) -> Callable:
+    if isinstance(method, DimodSampler):  # any dimod sampler, wrapped: marginals only
+        return (lambda h, J, K, mask, **options: method.marginals(h, J, K, mask, **options),
+                METHODS["gibbs"][1])[which]
+    if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {sorted(METHODS)}")
     return METHODS[method][which]
 
@@ -67,7 +82,8 @@ def marginals(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *, ma
 
     h: (..., n) fields; J: (n, n) or broadcastable (..., n, n) couplings; K: (..., n, n, n) three-body
     couplings; mask: (..., n) bool, True where the spin exists. Differentiable in h, J and K.
-    ``options`` go to the method (see its module).
+    ``method``: a name from :data:`METHODS`, or a :class:`DimodSampler`. ``options`` go to the method
+    (see its module).
     """
     fn = _lookup(method, 0)
     check_inputs(h, J, K, mask)

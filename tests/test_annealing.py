@@ -1,0 +1,232 @@
+"""Tests for ising.annealing: Trotterised DQA against an independent Schrodinger solution and limits."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from boltzmann_attention.ising import annealing, reference
+from boltzmann_attention.ising.annealing import (
+    anneal_distribution,
+    dqa_draw,
+    dqa_exact_marginals,
+    dqa_marginals,
+    schedule_values,
+)
+
+DT = torch.float64
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def random_problem(n: int, seed: int, scale: float = 1.0, batch: tuple = ()):
+    g = gen(seed)
+    h = torch.randn(*batch, n, generator=g, dtype=DT) * scale
+    W = torch.randn(n, n, generator=g, dtype=DT).triu(1) * scale
+    return h, W + W.T
+
+
+def schrodinger(h: np.ndarray, J: np.ndarray, anneal_time_ns: float, schedule: str) -> np.ndarray:
+    """|psi(T)|^2 from an adaptive Runge-Kutta (DOP853) solution of i dpsi/dt = 2 pi H(t/T) psi.
+
+    H = -A/2 sum_j X_j + B/2 H_P built from Kronecker products of Pauli matrices; basis index bit j is
+    qubit j (np.kron puts the last factor on the lowest bit) and bit 1 means s_j = +1, so Z = diag(-1, 1).
+    """
+    solve_ivp = pytest.importorskip("scipy.integrate").solve_ivp
+
+    n = len(h)
+    X = np.array([[0.0, 1.0], [1.0, 0.0]])
+    Z = np.diag([-1.0, 1.0])
+
+    def op(single, j):
+        out = np.eye(1)
+        for q in reversed(range(n)):
+            out = np.kron(out, single if q == j else np.eye(2))
+        return out
+
+    SX = sum(op(X, j) for j in range(n))
+    HP = -sum(h[j] * op(Z, j) for j in range(n))
+    for j in range(n):
+        for k in range(j + 1, n):
+            HP = HP - J[j, k] * op(Z, j) @ op(Z, k)
+
+    def rhs(t, psi):
+        a, b = schedule_values(schedule, np.array([t / anneal_time_ns]))
+        return -2j * math.pi * ((-a[0] / 2) * (SX @ psi) + (b[0] / 2) * (HP @ psi))
+
+    psi0 = np.full(2**n, 2 ** (-n / 2), dtype=complex)
+    sol = solve_ivp(rhs, (0.0, anneal_time_ns), psi0, method="DOP853", rtol=1e-10, atol=1e-12)
+    return np.abs(sol.y[:, -1]) ** 2
+
+
+@pytest.mark.parametrize("n, scale, anneal_time_ns, schedule, steps, at_middle", [
+    (4, 1.0, 1.0, "dwave_quadratic", (50, 200, 800), 1e-2),  # diabatic: max p ~ 0.83
+    (4, 0.5, 5.0, "linear", (200, 800, 3200), 1e-3),  # the defaults (5 ns, linear)
+])
+def test_trotter_converges_to_schrodinger(n, scale, anneal_time_ns, schedule, steps, at_middle):
+    h, J = random_problem(n, 0, scale)
+    exact = schrodinger(h.numpy(), J.numpy(), anneal_time_ns, schedule)
+    errors = []
+    for s in steps:
+        p = anneal_distribution(h, J, anneal_time_ns=anneal_time_ns, trotter_steps=s, schedule=schedule)
+        assert p.dtype == DT and p.shape == (2**n,)
+        assert abs(float(p.sum()) - 1.0) < 1e-12
+        errors.append(float((p - torch.from_numpy(exact)).abs().max()))
+    assert errors[1] < at_middle
+    # first-order splitting: error ~ 1/steps at least, so 4x the steps gives at least ~4x less error
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[0] / errors[1] > 2.5 and errors[1] / errors[2] > 2.5
+
+
+def test_lanl_single_qubit_reference():
+    """QuantumAnnealing.jl test: one spin, D-Wave h = +1 (ours h = -1), 1 ns, AS_DW_QUADRATIC.
+
+    Their density matrix has 0.0162536 on |up> (Z = +1, our s = +1) and 0.983746 on |down>.
+    """
+    target = 0.0162536
+    errors = []
+    for steps in (500, 2000):
+        p = anneal_distribution(torch.tensor([-1.0], dtype=DT), anneal_time_ns=1.0, trotter_steps=steps,
+                                schedule="dwave_quadratic")
+        errors.append(abs(float(p[1]) - target))
+    assert errors[1] < 1e-4 and errors[0] / errors[1] > 3
+
+
+def test_schedules():
+    a, b = schedule_values("dwave_quadratic", np.array([0.0, 0.5, 0.6899, 0.69, 1.0]))
+    assert a[0] == pytest.approx(6.366401) and b[-1] == pytest.approx(14.55571) and b[0] == 0.0
+    assert 0 <= a[2] < 1e-3 and a[3] == 0.0 and a[4] == 0.0
+    a, b = schedule_values("linear", np.array([0.0, 0.25, 1.0]), a_max_ghz=2.0, b_max_ghz=4.0)
+    assert a.tolist() == [2.0, 1.5, 0.0] and b.tolist() == [0.0, 1.0, 4.0]
+    a, b = schedule_values("dwave_quadratic", np.array([0.0, 1.0]), a_max_ghz=1.0, b_max_ghz=2.0)
+    assert a[0] == pytest.approx(1.0) and b[1] == pytest.approx(2.0)
+
+
+def test_walsh_hadamard_matches_kronecker():
+    for n in (1, 5, 9):  # radix-16 blocks plus a remainder block
+        x = torch.randn(3, 2**n, dtype=torch.complex128, generator=gen(n))
+        H1 = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.complex128)
+        H = torch.ones(1, 1, dtype=torch.complex128)
+        for _ in range(n):
+            H = torch.kron(H1, H)
+        assert torch.allclose(annealing._wht(x), x @ H.T, atol=1e-12)
+
+
+def test_batching_and_energy_scale():
+    n = 3
+    h, J = random_problem(n, 1, 0.7, batch=(2, 3))
+    Jb = torch.stack([J, 0.5 * J])[:, None]  # (2, 1, n, n), broadcasts against h (2, 3, n)
+    p = anneal_distribution(h, Jb, trotter_steps=60)
+    assert p.shape == (2, 3, 2**n)
+    for i in range(2):
+        for k in range(3):
+            one = anneal_distribution(h[i, k], Jb[i, 0], trotter_steps=60)
+            assert torch.allclose(p[i, k], one, atol=1e-12)
+    scaled = anneal_distribution(h, J, trotter_steps=60, energy_scale=2.0)
+    assert torch.allclose(scaled, anneal_distribution(2 * h, 2 * J, trotter_steps=60), atol=1e-12)
+
+
+def test_adiabatic_limit_ends_in_ground_state():
+    h = torch.tensor([0.6, -0.4, 0.3], dtype=DT)
+    J = torch.tensor([[0.0, 0.5, -0.3], [0.5, 0.0, 0.4], [-0.3, 0.4, 0.0]], dtype=DT)
+    energies = -reference.negative_energies(h, J, None, reference.configurations(3))
+    ground = int(energies.argmin())
+    assert (energies.sort().values[1] - energies.min()) > 0.15  # unique, gapped
+    p = anneal_distribution(h, J, anneal_time_ns=50.0, trotter_steps=4000)
+    assert float(p[ground]) > 0.9
+
+
+def test_instantaneous_limit_is_uniform():
+    h, J = random_problem(4, 2, 2.0)
+    p = anneal_distribution(h, J, anneal_time_ns=1e-7, trotter_steps=10)
+    assert torch.allclose(p, torch.full_like(p, 1 / 16), atol=1e-6)
+
+
+def test_sign_convention():
+    """E = -h.s - J s s: a strong positive field favours s = +1, positive J favours alignment."""
+    slow = dict(anneal_time_ns=20.0, trotter_steps=1000)
+    h = torch.tensor([2.0, -2.0, 0.0], dtype=DT)
+    m = dqa_exact_marginals(h, None, None, None, **slow)
+    assert m[0] > 0.98 and m[1] < -0.98 and abs(float(m[2])) < 1e-9
+    J = torch.zeros(3, 3, dtype=DT)
+    J[0, 2] = J[2, 0] = 1.5  # ferromagnetic in our convention: s_2 follows s_0 = +1
+    m = dqa_exact_marginals(h, J, None, None, **slow)
+    assert m[2] > 0.95
+    p = anneal_distribution(h, J, **slow)
+    assert int(p.argmax()) == 0b101  # s = (+1, -1, +1)
+
+
+def test_masked_equals_smaller_system():
+    h, J = random_problem(5, 3, 0.8, batch=(2,))
+    mask = torch.tensor([[True, False, True, True, False], [True, True, True, True, True]])
+    m = dqa_exact_marginals(h, J, None, mask, trotter_steps=100)
+    keep = [0, 2, 3]
+    small = dqa_exact_marginals(h[0, keep], J[keep][:, keep], None, None, trotter_steps=100)
+    assert torch.allclose(m[0, keep], small, atol=1e-10)
+    assert (m[0, [1, 4]] == 0).all()
+    assert torch.allclose(m[1], dqa_exact_marginals(h[1], J, None, None, trotter_steps=100), atol=1e-12)
+
+
+def test_sampled_marginals_match_exact():
+    h, J = random_problem(5, 4, 0.6, batch=(3,))
+    mask = torch.tensor([[True] * 5, [True, True, False, True, True], [False, True, True, True, False]])
+    S = 4000
+    exact = dqa_exact_marginals(h, J, None, mask, anneal_time_ns=1.0)
+    sampled = dqa_marginals(h, J, None, mask, num_samples=S, seed=0, anneal_time_ns=1.0)
+    assert sampled.shape == h.shape
+    assert (sampled[~mask] == 0).all() and (exact[~mask] == 0).all()
+    assert (sampled - exact).abs().max() < 5 / math.sqrt(S)
+    again = dqa_marginals(h, J, None, mask, num_samples=S, generator=gen(0), anneal_time_ns=1.0)
+    assert torch.equal(sampled, again)
+
+
+def test_draw_contract():
+    h, J = random_problem(4, 5, 0.5, batch=(3,))
+    spins = dqa_draw(h.float(), J.float()[None], None, 7, gen(1), trotter_steps=20)
+    assert spins.shape == (3, 7, 4) and spins.dtype == torch.float32
+    assert ((spins == 1) | (spins == -1)).all()
+    shared = dqa_draw(h, J[None], None, 50, gen(2), trotter_steps=20)
+    per_query = dqa_draw(h, J.expand(3, 4, 4), None, 50, gen(2), trotter_steps=20)
+    assert torch.equal(shared, per_query)
+
+
+def test_errors():
+    h, J = random_problem(3, 6)
+    with pytest.raises(ValueError, match="n <= 16"):
+        anneal_distribution(torch.zeros(17, dtype=DT))
+    with pytest.raises(ValueError, match="exact"):
+        dqa_marginals(torch.zeros(2, 17, dtype=DT), None, None, None)
+    bad = [dict(anneal_time_ns=0.0), dict(anneal_time_ns=-1.0), dict(anneal_time_ns=float("nan")),
+           dict(trotter_steps=0), dict(trotter_steps=2.5), dict(a_max_ghz=-1.0), dict(b_max_ghz=float("inf")),
+           dict(schedule="cubic"), dict(schedule=lambda s: (1 - s, s - 0.5)), dict(energy_scale=-1.0),
+           dict(schedule=lambda s: (1 - s, s), a_max_ghz=1.0)]
+    for options in bad:
+        with pytest.raises(ValueError):
+            anneal_distribution(h, J, **options)
+    with pytest.raises(ValueError, match="unknown DQA option"):
+        dqa_exact_marginals(h, J, None, None, steps=10)
+    with pytest.raises(ValueError, match="pairwise"):
+        dqa_marginals(h, J, torch.zeros(3, 3, 3, dtype=DT), None)
+    with pytest.raises(ValueError, match="NaN"):
+        anneal_distribution(torch.tensor([1.0, float("nan")], dtype=DT))
+    with pytest.raises(ValueError, match="gradient"):
+        dqa_marginals(h, J, None, None, gradient="exact")
+    with torch.no_grad():
+        dqa_exact_marginals(h.clone().requires_grad_(), J, None, None, trotter_steps=5)
+
+
+def test_dqa_gradients_from_samples():
+    """Through the method string, with the covariance estimator: finite, and zero for absent spins."""
+    from boltzmann_attention import ising
+
+    g = torch.Generator().manual_seed(0)
+    h = (0.3 * torch.randn(2, 3, dtype=DT, generator=g)).requires_grad_()
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    m = ising.marginals(h, None, mask=mask, method="dqa", num_samples=200, seed=1, trotter_steps=50)
+    (grad,) = torch.autograd.grad((m * torch.randn(2, 3, dtype=DT, generator=g)).sum(), h)
+    assert torch.isfinite(grad).all() and grad[0, 2] == 0
