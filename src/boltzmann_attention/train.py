@@ -49,7 +49,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    eval_interval: int = 500
+    eval_interval: int = 1000
     eval_windows: int = 2048           # Shakespeare validation windows (fixed, deterministic)
     d_model: int = 64
     n_heads: int = 1

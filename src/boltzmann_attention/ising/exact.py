@@ -23,7 +23,10 @@ such rows are detected (Z below sqrt(tiny) of the dtype) and recomputed in float
 logsumexp over all 2^n states. They are correct, just slower; typical training values never reach it.
 
 Masks: queries are grouped by their mask pattern and each pattern is solved as the smaller system of
-its present spins, so absent keys cost nothing (a causal query i pays for i + 1 spins, not n).
+its present spins, so absent keys cost nothing (a causal query i pays for i + 1 spins, not n). For small
+systems (patterns x 2^n <= 2^18, e.g. causal T <= 13) per-pattern calls cost more in overhead than in
+arithmetic, so all patterns go through one batched call in which absent spins are made free spins (zero
+field and couplings: <s> = 0 exactly, a factor 2 in Z that is taken out of log Z).
 
 Limit: ``max_spins`` (default 24) present spins per query. The table holds 2^n entries per group
 (64 MB in float32 at n = 24) and the work per query is 2 * 2^n MACs.
@@ -42,6 +45,7 @@ from .reference import configurations
 
 MAX_SPINS = 24
 _CHUNK_ELEMENTS = 2**24  # bound on (queries x half-configurations) held at once per GEMM
+_BATCHED_PATTERN_STATES = 2**18  # patterns x 2^n up to which masked patterns are solved in one batched call
 
 
 def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
@@ -72,15 +76,53 @@ def _solve(h, J, K, mask, max_spins):
 
 
 def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor):
-    """Solve each distinct mask pattern as the system of its present spins.
+    """Solve masked queries. h, mask: (G, Q, n); J: (G, n, n); K: (G, n, n, n).
 
-    h, mask: (G, Q, n); J: (G, n, n); K: (G, n, n, n). Returns marginals (G, Q, n) and log Z (G, Q).
+    Returns marginals (G, Q, n) and log Z (G, Q). Small systems whose patterns split every group evenly (a
+    causal mask: one pattern per query position) go through one batched call; the rest pattern by pattern.
     """
+    patterns, which = torch.unique(mask.reshape(-1, mask.shape[-1]), dim=0, return_inverse=True)
+    G, Q, n = h.shape
+    P = len(patterns)
+    if P * 2**n <= _BATCHED_PATTERN_STATES and Q % P == 0:
+        order = torch.argsort(which.view(G, Q), dim=1, stable=True)
+        expected = torch.arange(P, device=h.device).repeat_interleave(Q // P)
+        if bool((which.view(G, Q).gather(1, order) == expected).all()):
+            return _patterns_batched(h, J, K, patterns, order)
+    return _patterns_one_by_one(h, J, K, patterns, which)
+
+
+def _patterns_batched(h, J, K, patterns, order):
+    """All patterns at once as full-size systems in which absent spins are free (zero field, no couplings).
+
+    A free spin has <s> = 0 and multiplies Z by 2, which is removed from log Z. ``order`` (G, Q) sorts
+    each group's queries by pattern, Q / P queries per pattern. Costs 2^n per query whatever the mask,
+    which is what small n wants: one call instead of P calls.
+    """
+    G, Q, n = h.shape
+    P = len(patterns)
+    present = patterns.to(h.dtype)  # (P, n)
+    sorted_h = h.gather(1, order[..., None].expand(G, Q, n)).view(G, P, Q // P, n) * present[:, None]
+    sub_J = sub_K = None
+    if J is not None:
+        sub_J = (J[:, None] * present[:, :, None] * present[:, None, :]).reshape(G * P, n, n)
+    if K is not None:
+        sub_K = (K[:, None] * present[:, :, None, None] * present[:, None, :, None]
+                 * present[:, None, None, :]).reshape(G * P, n, n, n)
+    m, logz = _split(sorted_h.reshape(G * P, Q // P, n), sub_J, sub_K)
+    m = m.view(G, P, Q // P, n) * present[:, None]
+    logz = logz.view(G, P, Q // P) - (n - present.sum(-1))[:, None] * math.log(2.0)
+    unsort = torch.argsort(order, dim=1)
+    m = m.reshape(G, Q, n).gather(1, unsort[..., None].expand(G, Q, n))
+    return m, logz.reshape(G, Q).gather(1, unsort)
+
+
+def _patterns_one_by_one(h, J, K, patterns, which):
+    """Each pattern as the smaller system of its present spins: absent spins cost nothing."""
     G, Q, n = h.shape
     flat_h = h.reshape(G * Q, n)
     out_m = h.new_zeros(G * Q, n)
     out_logz = h.new_zeros(G * Q)
-    patterns, which = torch.unique(mask.reshape(G * Q, n), dim=0, return_inverse=True)
     for p, pattern in enumerate(patterns):
         spins = pattern.nonzero().squeeze(-1)
         if spins.numel() == 0:
