@@ -150,3 +150,13 @@ def test_ddp_two_processes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["steps_run"] == 6 and result["history"][-1]["step"] == 6
+
+
+def test_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path):
+    grid = Grid(("brackets",), (4,), modes=("softmax", "h"), seeds=(0,), overrides={**SMALL, "steps": 2})
+    bad = tmp_path / "checkpoints" / f"{run_name(grid.runs()[0][1])}.pt"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"garbage")
+    with pytest.raises(RuntimeError, match="1 of 2 runs failed.*corrupted"):
+        sweep([grid], tmp_path)
+    assert (tmp_path / "runs" / f"{run_name(grid.runs()[1][1])}.json").exists()

@@ -72,25 +72,30 @@ def profile(name: str) -> list[Grid]:
     raise ValueError(f"unknown profile {name!r}; choose 'quick' or 'full'")
 
 
-def _run_one(args) -> str:
+def _run_one(args) -> tuple[str, str | None]:
+    """Train one grid point; returns (name, None) or (name, error message). One failure does not stop a sweep."""
     name, cfg_dict, variant, out, threads, progress = args
     torch.set_num_threads(threads)
     cfg = TrainConfig.from_dict(cfg_dict)
     out = Path(out)
     checkpoint = out / "checkpoints" / f"{name}.pt"
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    result = train(cfg, checkpoint=checkpoint, progress=progress)
+    try:
+        result = train(cfg, checkpoint=checkpoint, progress=progress)
+    except Exception as e:  # reported by sweep(), which goes on with the other runs
+        return name, f"{type(e).__name__}: {e}"
     result.update(run=name, variant=variant)
     write_result(result, out / "runs" / f"{name}.json")
     checkpoint.unlink(missing_ok=True)
-    return name
+    return name, None
 
 
 def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = False) -> list[str]:
     """Run every grid point whose result does not exist yet; returns the names run.
 
     Every config is validated first, so a bad grid fails before any training. ``jobs`` processes run in
-    parallel, sharing the machine's cores.
+    parallel, sharing the machine's cores. A run that fails (e.g. a checkpoint from another config) is
+    reported and the others go on; at the end a RuntimeError lists the failures.
     """
     out = Path(out)
     todo, seen = [], set()
@@ -108,12 +113,13 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
     from tqdm import tqdm
 
     if jobs == 1:
-        for t in tqdm(tasks, desc="sweep", unit="run"):
-            _run_one(t)
+        outcomes = [_run_one(t) for t in tqdm(tasks, desc="sweep", unit="run")]
     else:
         with mp.get_context("spawn").Pool(jobs) as pool:
-            for _ in tqdm(pool.imap_unordered(_run_one, tasks), total=len(tasks), desc="sweep", unit="run"):
-                pass
+            outcomes = list(tqdm(pool.imap_unordered(_run_one, tasks), total=len(tasks), desc="sweep", unit="run"))
+    failures = [f"{name}: {error}" for name, error in outcomes if error]
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(tasks)} runs failed:\n" + "\n".join(failures))
     return [t[0] for t in todo]
 
 
