@@ -157,6 +157,6 @@ def test_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path):
     bad = tmp_path / "checkpoints" / f"{run_name(grid.runs()[0][1])}.pt"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"garbage")
-    with pytest.raises(RuntimeError, match="1 of 2 runs failed.*corrupted"):
+    with pytest.raises(RuntimeError, match="(?s)1 of 2 runs failed.*corrupted"):
         sweep([grid], tmp_path)
     assert (tmp_path / "runs" / f"{run_name(grid.runs()[1][1])}.json").exists()
