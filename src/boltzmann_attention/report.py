@@ -530,61 +530,53 @@ def _paper_brackets(mode: str, T: int) -> float | None:
 
 def shakespeare_table(res: Results, variant: str, metric: str) -> str:
     """Rows T; per mode: perplexity, relative improvement over softmax (%), the paper's number."""
-    cols = res.columns("shakespeare", variant)
-    with_paper = variant == "base"
-    header = ["T"]
-    for mode, method in cols:
-        lab = _label(mode, method)
-        header.append(f"{lab} PPL")
-        if mode != BASELINE:
-            header.append(f"{lab} Δ%")
-            if with_paper and any(k[0] == mode for k in PAPER_SHAKESPEARE_RELATIVE):
-                header.append(f"{lab} paper Δ%")
-    rows = []
-    for T in res.Ts("shakespeare", variant):
-        row = [str(T)]
-        for mode, method in cols:
-            g = res.get("shakespeare", variant, T, mode, method)
-            vals = g.values(metric) if g else {}
-            row.append(fmt_stat(stat(vals.values())))
-            if mode == BASELINE:
-                continue
-            base = res.baseline("shakespeare", variant, T, method)
-            base_vals = base.values(metric) if base else {}
-            c = relative_improvement(base_vals, vals)
-            row.append(fmt_comparison(c, expected_n=min(len(vals), len(base_vals))))
-            if with_paper and any(k[0] == mode for k in PAPER_SHAKESPEARE_RELATIVE):
-                row.append(_fmt_num(_paper_shakespeare(mode, T), signed=True))
-        rows.append(row)
-    return md_table(header, rows)
+    return _mode_table(res, "shakespeare", variant, values=lambda g: g.values(metric),
+                       fmt_value=lambda v: fmt_stat(stat(v.values())), compare=relative_improvement,
+                       paper=PAPER_SHAKESPEARE_RELATIVE, labels=("PPL", "Δ%", "Δ%"), paper_signed=True)
 
 
 def brackets_table(res: Results, variant: str, split: str) -> str:
     """Rows T; per mode: accuracy (%), difference to softmax (points), the paper's accuracy."""
-    cols = res.columns("brackets", variant)
-    with_paper = variant == "base"
+    return _mode_table(res, "brackets", variant, values=lambda g: g.values("accuracy", split),
+                       fmt_value=lambda v: fmt_stat(stat(v.values()), digits=2, scale=100.0),
+                       compare=point_difference, paper=PAPER_BRACKETS_ACCURACY, labels=("acc %", "Δ pts", "%"),
+                       paper_signed=False)
+
+
+def _mode_table(res: Results, task: str, variant: str, *, values, fmt_value, compare, paper: dict,
+                labels: tuple[str, str, str], paper_signed: bool) -> str:
+    """Rows T; per (mode, method): the metric, its comparison with softmax, the paper's number if any.
+
+    values(group) -> {seed: value}; compare(baseline values, values) -> Comparison; labels name the metric,
+    comparison and paper columns. Paper columns appear for the base variant only.
+    """
+    cols = res.columns(task, variant)
+
+    def has_paper(mode: str) -> bool:
+        return variant == "base" and any(k[0] == mode for k in paper)
+
+    value_label, compare_label, paper_label = labels
     header = ["T"]
     for mode, method in cols:
         lab = _label(mode, method)
-        header.append(f"{lab} acc %")
+        header.append(f"{lab} {value_label}")
         if mode != BASELINE:
-            header.append(f"{lab} Δ pts")
-        if with_paper and any(k[0] == mode for k in PAPER_BRACKETS_ACCURACY):
-            header.append(f"{lab} paper %")
+            header.append(f"{lab} {compare_label}")
+        if has_paper(mode):
+            header.append(f"{lab} paper {paper_label}")
     rows = []
-    for T in res.Ts("brackets", variant):
+    for T in res.Ts(task, variant):
         row = [str(T)]
         for mode, method in cols:
-            g = res.get("brackets", variant, T, mode, method)
-            vals = g.values("accuracy", split) if g else {}
-            row.append(fmt_stat(stat(vals.values()), digits=2, scale=100.0))
+            g = res.get(task, variant, T, mode, method)
+            vals = values(g) if g else {}
+            row.append(fmt_value(vals))
             if mode != BASELINE:
-                base = res.baseline("brackets", variant, T, method)
-                base_vals = base.values("accuracy", split) if base else {}
-                c = point_difference(base_vals, vals)
-                row.append(fmt_comparison(c, expected_n=min(len(vals), len(base_vals))))
-            if with_paper and any(k[0] == mode for k in PAPER_BRACKETS_ACCURACY):
-                row.append(_fmt_num(_paper_brackets(mode, T)))
+                base = res.baseline(task, variant, T, method)
+                base_vals = values(base) if base else {}
+                row.append(fmt_comparison(compare(base_vals, vals), expected_n=min(len(vals), len(base_vals))))
+            if has_paper(mode):
+                row.append(_fmt_num(paper.get((mode, T)), signed=paper_signed))
         rows.append(row)
     return md_table(header, rows)
 
