@@ -1,0 +1,577 @@
+"""Exact marginals and log Z for banded couplings (J_jk = 0 for |j - k| > w): transfer matrix.
+
+Energy E(s) = -sum_j h_j s_j - sum_{j<k} J_jk s_j s_k. The state of the chain is its last w spins
+(S = 2^w states). Spins are added k at a time ("blocks"); writing a block step as x = (o, r) -> x' = (r, t),
+with o the k oldest spins that leave the state, r the w - k spins that stay and t the k new ones,
+
+    alpha_b(r, t) = phi_b(t) sum_o M_b(r, t, o) alpha_{b-1}(o, r),    phi_b(t) = exp(h_new . t),
+    beta_{b-1}(o, r) = sum_t M_b(r, t, o) phi_b(t) beta_b(r, t),
+
+where M_b = exp(coupling energy of the new spins) is shared by all queries with the same J (one batched
+GEMM per block) and phi_b carries the query's fields. alpha_b beta_b is the joint law of the w spins of
+the state after block b (the marginals of its new spins), and alpha_{b-1} M_b phi_b beta_b that of the
+w + k spins of the block's window, which holds <s_l s_p> for every coupling J_lp whose later spin p is new.
+
+Shapes: h (..., n); J (..., n, n) or None; mask (..., n) bool or None. Queries (batch entries of h that
+share J, see ``group_queries``) run side by side as the columns of (S, queries) messages, in chunks of
+about CHUNK_ENTRIES / S queries. Cost per query: O(n 2^(w+k) / k) multiply-adds in GEMMs and O(n 2^w / k)
+elementwise work. Memory: the forward messages of a chunk are kept for the backward sweep, or, beyond
+MESSAGE_BUDGET, one in about sqrt(blocks) is kept and the others are recomputed. A query's chain stops
+at its last present spin, so causal masks cost half.
+
+Numerics. Two recursions, chosen per group of queries sharing J:
+
+* Scaled probabilities (fast path, k = 4 for w >= 4): M_b and phi_b are scaled to a maximum of 1, each
+  alpha is divided by the sum of the previous one, and the scales are accumulated in log Z. Entries
+  that underflow are lost, but the future can raise a state's weight relative to another by at most
+  exp(C), C = 2 * (sum of |J| over couplings that cross the cut), and a block lowers the largest entry
+  by at most exp(-Delta), Delta = 2 * (sum of |J| of its new spins); fields only reweight the new spins,
+  which beta does not see. So with R = 2 * max over w + k consecutive spins of sum_l |J_lp| >= C + Delta,
+  the relative error from underflow is at most n 4^w tiny exp(R); the path is used when this is below
+  the dtype's eps, i.e. R <= log(1 / tiny) - log(1 / eps) - log n - 2 w log 2 (about 53 in float32 at
+  n = 1024, w = 8; 650 in float64), and the log-domain path is used otherwise. Large fields are safe;
+  float32 inputs whose fields spread message entries into subnormal numbers (very slow on CPUs) are
+  run in float64 (a speed measure only).
+* Log domain (fallback, one spin per step): log messages with logaddexp, normalised every step. Also
+  used when a mask has holes (absent spins before a query's last present spin), because then the
+  couplings differ per query: absent spins get field 0 and couplings 0 (free spins), and log 2 per
+  absent spin is taken off log Z.
+
+Gradients (custom autograd functions; nothing is stored per step). For log Z: d/dh_j = <s_j> and
+d/dJ_lp = <s_l s_p> / 2 for each of the two symmetric entries. For the marginals, the vector-Jacobian
+product with g is the Hessian of log Z applied to g (it is symmetric), i.e. the derivative of <s_j> and
+of <s_l s_p> along the field direction g: dL/dh_j = sum_i g_i Cov(s_i, s_j), dL/dJ_lp = sum_i g_i
+Cov(s_i, s_l s_p) / 2. It is computed by running the same forward-backward with tangent messages (dual
+numbers) next to the messages. The J gradient covers the band 1 <= |l - p| <= w only: other entries are
+structurally zero (so pass ``bandwidth`` when J is trained from a value, such as zero, that does not
+fill the band; with w = 0 J gets no gradient). Double backward is not supported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ._inputs import group_queries
+
+__all__ = ["marginals", "log_partition"]
+
+LINEAR_BLOCK = 4              # spins per block in the scaled-probability recursion
+LARGEST_WINDOW = 16           # cap on w + k, so that a block's coupling table has <= 2^16 entries
+CHUNK_ENTRIES = 2**18         # default chunk: this many entries per message (S states x queries)
+MESSAGE_BUDGET = 256 * 2**20  # bytes of forward messages kept per chunk; beyond it they are checkpointed
+
+
+def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
+              bandwidth: int | None = None, max_bandwidth: int = 16, chunk_size: int | None = None) -> Tensor:
+    """<s_j>, shaped like the broadcast of h with J and mask (..., n); 0 for absent spins.
+
+    bandwidth: w such that J_jk = 0 for |j - k| > w (default: the smallest such w); max_bandwidth: the
+    largest w accepted (2^w states); chunk_size: queries run together (default: CHUNK_ENTRIES / 2^w, so
+    that a message fits in cache; the memory kept per chunk is bounded by MESSAGE_BUDGET either way).
+    """
+    w = _bandwidth(h, J, K, bandwidth, max_bandwidth)
+    if w == 0:
+        m = torch.tanh(h).expand(_batch_shape(h, J, mask) + h.shape[-1:])
+        return m if mask is None else m * mask
+    g = group_queries(h, J, None, mask)
+    return g.ungroup(_Marginals.apply(g.h, g.J, g.mask, w, chunk_size))
+
+
+def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
+                  bandwidth: int | None = None, max_bandwidth: int = 16, chunk_size: int | None = None) -> Tensor:
+    """log Z of the present spins, shaped like the broadcast batch shape. Options as in :func:`marginals`."""
+    w = _bandwidth(h, J, K, bandwidth, max_bandwidth)
+    if w == 0:
+        terms = torch.logaddexp(h, -h)  # log 2 cosh h
+        terms = terms if mask is None else terms * mask
+        return terms.expand(_batch_shape(h, J, mask) + h.shape[-1:]).sum(-1)
+    g = group_queries(h, J, None, mask)
+    return g.ungroup(_LogPartition.apply(g.h, g.J, g.mask, w, chunk_size))
+
+
+def _batch_shape(h: Tensor, J: Tensor | None, mask: Tensor | None) -> torch.Size:
+    shapes = [h.shape[:-1], J.shape[:-2] if J is not None else (), mask.shape[:-1] if mask is not None else ()]
+    return torch.broadcast_shapes(*shapes)
+
+
+def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | None, max_bandwidth: int) -> int:
+    """The bandwidth w to run with (at most n - 1), after checking J and the limits."""
+    if K is not None:
+        raise ValueError("method 'banded' supports pairwise couplings only (K must be None); "
+                         "use method='exact' for three-body couplings")
+    n = h.shape[-1]
+    if bandwidth is not None and (not isinstance(bandwidth, int) or bandwidth < 0):
+        raise ValueError(f"bandwidth must be a non-negative int, got {bandwidth!r}")
+    needed = 0
+    if J is not None:
+        pairs = (J.detach().reshape(-1, n, n) != 0).any(0).nonzero()
+        needed = int((pairs[:, 1] - pairs[:, 0]).abs().max()) if len(pairs) else 0
+    if bandwidth is not None and needed > bandwidth:
+        raise ValueError(f"J is not banded with bandwidth {bandwidth}: it couples spins {needed} apart. "
+                         f"Pass bandwidth >= {needed}, or use method='exact' (n <= 24) or 'meanfield'.")
+    w = min(needed if bandwidth is None else bandwidth, n - 1)
+    if w > max_bandwidth:
+        raise ValueError(f"bandwidth {w} exceeds max_bandwidth={max_bandwidth} (the chain has 2^w states); "
+                         "raise max_bandwidth, or use method='exact' (n <= 24) or 'meanfield'.")
+    return 0 if J is None else w
+
+
+class _Marginals(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, J, mask, w, chunk_size):
+        ctx.save_for_backward(h, J, mask)
+        ctx.options = (w, chunk_size)
+        return _solve(h, J, mask, *ctx.options, marginals=True).marginals.to(h.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        h, J, mask = ctx.saved_tensors
+        if mask is not None:
+            grad = grad * mask
+        out = _solve(h, J, mask, *ctx.options, marginals=True, tangent=grad, pairs=ctx.needs_input_grad[1])
+        dh = out.marginals.to(h.dtype) if ctx.needs_input_grad[0] else None
+        dJ = _dense(out.pairs, h.shape[-1]).to(J.dtype) if ctx.needs_input_grad[1] else None
+        return dh, dJ, None, None, None
+
+
+class _LogPartition(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, J, mask, w, chunk_size):
+        ctx.save_for_backward(h, J, mask)
+        ctx.options = (w, chunk_size)
+        return _solve(h, J, mask, *ctx.options, marginals=False).log_z.to(h.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        h, J, mask = ctx.saved_tensors
+        out = _solve(h, J, mask, *ctx.options, marginals=True, pairs=ctx.needs_input_grad[1], pair_weights=grad)
+        dh = (grad[..., None] * out.marginals).to(h.dtype) if ctx.needs_input_grad[0] else None
+        dJ = _dense(out.pairs, h.shape[-1]).to(J.dtype) if ctx.needs_input_grad[1] else None
+        return dh, dJ, None, None, None
+
+
+def _dense(band: Tensor, n: int) -> Tensor:
+    """(G, n, w) band statistics (row p, column d - 1: pair (p - d, p)) -> (G, n, n) J gradient, halved."""
+    out = band.new_zeros(band.shape[0], n, n)
+    for d in range(1, band.shape[-1] + 1):
+        out.diagonal(d, -2, -1).copy_(0.5 * band[:, d:, d - 1])
+        out.diagonal(-d, -2, -1).copy_(0.5 * band[:, d:, d - 1])
+    return out
+
+
+@dataclass
+class _Solution:
+    log_z: Tensor               # (G, Q)
+    marginals: Tensor | None    # (G, Q, n): <s_j>, or its tangent
+    pairs: Tensor | None        # (G, n, w): sum over queries of weight * <s_{p-d} s_p>, or of its tangent
+
+
+def _solve(h: Tensor, J: Tensor, mask: Tensor | None, w: int, chunk_size: int | None, *, marginals: bool,
+           tangent: Tensor | None = None, pairs: bool = False, pair_weights: Tensor | None = None) -> _Solution:
+    """Forward(-backward) for grouped inputs h (G, Q, n), J (G, n, n), mask (G, Q, n) or None.
+
+    Without ``tangent``: log Z, and if ``marginals`` the marginals and (if ``pairs``) the band sums of
+    pair_weights * <s_l s_p>. With ``tangent`` (a field direction g, (G, Q, n)): the tangents of the
+    marginals and of the band sums of <s_l s_p> along g.
+    """
+    G, Q, n = h.shape
+    dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
+    out = _Solution(h.new_zeros(G, Q, dtype=dtype), h.new_zeros(G, n, Q, dtype=dtype) if marginals else None,
+                    h.new_zeros(G, n, w, dtype=dtype) if pairs else None)
+    for gi in range(G):
+        fields = h[gi].to(dtype)
+        present = mask[gi] if mask is not None else None
+        _solve_group(out, gi, fields if present is None else fields * present, _band(J[gi].to(dtype), w),
+                     present, tangent[gi].to(dtype) if tangent is not None else None,
+                     pair_weights[gi].to(dtype) if pair_weights is not None else None, w, chunk_size)
+    if marginals:
+        out.marginals = out.marginals.transpose(1, 2)
+        if mask is not None:
+            out.marginals = out.marginals * mask
+    return out
+
+
+def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present: Tensor | None,
+                 direction: Tensor | None, weights: Tensor | None, w: int, chunk_size: int | None) -> None:
+    """Queries (Q, n) sharing the couplings ``band`` (n, w): split by the alignment of their last spin,
+    chunk, pick the recursion, and write log Z, marginals and pair sums into ``out`` at group gi."""
+    Q, n = fields.shape
+    device, dtype = fields.device, fields.dtype
+    if present is None:
+        ends, holes = torch.full((Q,), n - 1, device=device), False
+    else:  # last present spin (-1: none); a hole is an absent spin before it
+        count = present.sum(-1)
+        ends = torch.where(count > 0, n - 1 - present.flip(-1).to(torch.uint8).argmax(-1), -1)
+        holes = bool((count != ends + 1).any())
+    coupling_range = _window_max(band.abs().sum(1), w + _block_size(w))
+    linear = not holes and coupling_range <= _linear_limit(w, n, dtype)
+    k = _block_size(w) if linear else 1
+    work = dtype  # speed only: float32 messages whose entries would reach subnormals (slow on CPUs) use float64
+    spread = 2 * _window_max(fields.abs(), w + k) + 4 * coupling_range
+    if linear and dtype == torch.float32 and spread > _normal_range(w):
+        work = torch.float64
+    padded = torch.cat([band.new_zeros(w + k - 1, w), band])  # row w + k - 1 + p: couplings of spin p
+    order = torch.argsort(ends, descending=True, stable=True)
+    for c in range(k):  # class c: queries whose last spin p has p % k == c, so blocks end at p
+        members = order[(ends[order] >= 0) & (ends[order] % k == c)]
+        if len(members) == 0:
+            continue
+        last_block = (ends[members] - c) // k
+        width = chunk_size or _chunk_width(n, w, k, work, direction is not None)
+        for start in range(0, len(members), width):
+            idx, last = members[start:start + width], last_block[start:start + width]
+            blocks = int(last[0]) + 1
+            rows = c + w + k * torch.arange(blocks, device=device)[:, None] + torch.arange(k, device=device)
+            spin = (rows - (w + k - 1)).flatten()  # position of each block's new spins; < 0: virtual
+            new_fields = _take(fields[idx], rows, w + k - 1)
+            new_tangent = _take(direction[idx], rows, w + k - 1) if direction is not None else None
+            if linear:
+                model = _Scaled(padded[rows].flatten(1).to(work), new_fields.to(work),
+                                new_tangent.to(work) if new_tangent is not None else None, w, k)
+            else:
+                presence = None
+                if holes:
+                    pad = torch.cat([present.new_zeros(len(idx), w), present[idx]], 1)   # (a, w + n)
+                    back = rows - torch.arange(1, w + 1, device=device)                   # (B, w)
+                    presence = (pad[:, back] & pad[:, rows]).permute(1, 2, 0).to(dtype)   # (B, w, a)
+                model = _LogDomain(padded[rows[:, 0]], new_fields[:, 0], new_tangent, w, presence)
+            z, m, joint = _sweep(model, last, out.marginals is not None, out.pairs is not None,
+                                 weights[idx].to(work) if weights is not None else None,
+                                 _stride(last, w, work, direction is not None))
+            absent = torch.full_like(z, w + k - 1 - c)  # virtual spins: initial state, first block's padding
+            if holes:
+                absent += ends[idx] + 1 - present[idx].sum(-1)
+            out.log_z[gi, idx] = (z - math.log(2.0) * absent).to(dtype)
+            real = spin >= 0
+            if out.marginals is not None:
+                out.marginals[gi, spin[real, None], idx] = m.flatten(0, 1)[real].to(dtype)
+            if out.pairs is not None:
+                stats = (joint @ model.pair_signs.flatten(1)).view(-1, w)                  # (B * k, w)
+                out.pairs[gi].index_add_(0, spin[real], stats[real].to(dtype))
+    if out.pairs is not None:  # couplings to virtual spins (p - d < 0) do not exist
+        out.pairs[gi] *= torch.arange(n, device=device)[:, None] >= torch.arange(1, w + 1, device=device)
+
+
+def _window_max(x: Tensor, width: int) -> float:
+    """Largest sum of ``width`` consecutive entries along the last dimension of x (all of it if shorter)."""
+    sums = torch.cat([x.new_zeros(*x.shape[:-1], 1), x.cumsum(-1)], -1)
+    width = min(width, x.shape[-1])
+    return float((sums[..., width:] - sums[..., :-width]).max())
+
+
+def _linear_limit(w: int, n: int, dtype: torch.dtype) -> float:
+    """Largest window sum of |J| (R / 2 in the module docstring) for which the scaled recursion is exact."""
+    info = torch.finfo(dtype)
+    return (-math.log(info.tiny) + math.log(info.eps) - math.log(n) - 2 * w * math.log(2.0)) / 2
+
+
+def _normal_range(w: int) -> float:
+    """Log-range of message entries below which float32 stays clear of subnormals (with a margin)."""
+    return -math.log(torch.finfo(torch.float32).tiny) - w * math.log(2.0) - 10.0
+
+
+def _band(J: Tensor, w: int) -> Tensor:
+    """(n, n) -> (n, w): row p, column d - 1 holds J[p - d, p] (0 for p < d)."""
+    n = J.shape[-1]
+    out = J.new_zeros(n, w)
+    for d in range(1, w + 1):
+        out[d:, d - 1] = J.diagonal(d)
+    return out
+
+
+def _block_size(w: int) -> int:
+    """Spins per block k of the scaled recursion (k <= w, and w + k <= LARGEST_WINDOW when possible)."""
+    return max(1, min(LINEAR_BLOCK, w, LARGEST_WINDOW - w))
+
+
+def _take(x: Tensor, rows: Tensor, front: int) -> Tensor:
+    """x (a, n) per query -> (B, k, a): the values at padded positions ``rows`` (zero in front padding)."""
+    return torch.cat([x.new_zeros(x.shape[0], front), x], 1)[:, rows].permute(1, 2, 0)
+
+
+def _chunk_width(n: int, w: int, k: int, dtype: torch.dtype, tangent: bool) -> int:
+    """Default queries per chunk: messages of about CHUNK_ENTRIES entries (cache-sized), and block
+    fields phi within a quarter of the budget."""
+    per_query = (n // k + 1) * 2**k * (1 + tangent) * torch.finfo(dtype).bits // 8
+    return max(1, min(CHUNK_ENTRIES >> w, MESSAGE_BUDGET // 4 // per_query))
+
+
+def _stride(last: Tensor, w: int, dtype: torch.dtype, tangent: bool) -> int:
+    """Blocks per checkpoint: 1 (keep every message) if that fits the budget, else about sqrt(blocks)."""
+    kept = int((last + 1).sum()) * 2**w * (1 + tangent) * torch.finfo(dtype).bits // 8
+    return 1 if kept <= MESSAGE_BUDGET else math.isqrt(int(last[0])) + 1
+
+
+@dataclass
+class _Message:
+    value: Tensor            # (S, a): alpha (scaled probabilities) or log alpha
+    tangent: Tensor | None   # (S, a)
+    norm: Tensor             # (a,): sum of value (scaled) or the log-normaliser taken off (log domain)
+    scale: Tensor | None = None  # (T, a): phi_b / norm_{b-1}, the factor applied to the new spins (scaled)
+
+
+def _sweep(model, last: Tensor, marginals: bool, pairs: bool, weights: Tensor | None, stride: int):
+    """Run a chunk: forward sweep (log Z), then if ``marginals`` the backward sweep.
+
+    last: (a,) last block of each query, decreasing; block b involves the first A_b queries. Forward
+    messages are kept every ``stride`` blocks and recomputed in between during the backward sweep.
+    Returns log Z (a,) (virtual spins included), marginals (B, k, a) and window joints (B, 2^(w+k)).
+    """
+    blocks = int(last[0]) + 1
+    counts = (last[None, :] >= torch.arange(blocks, device=last.device)[:, None]).sum(1)
+    active = counts.tolist() + [0]
+    message = model.start(active[0])
+    kept, norms = {-1: message}, []
+    for b in range(blocks):
+        message = model.forward(b, message, active[b])
+        norms.append(message.norm)
+        if marginals and ((b + 1) % stride == 0 or b == blocks - 1):
+            kept[b] = message
+    column = torch.arange(int(counts.sum()), device=last.device)
+    column -= (counts.cumsum(0) - counts).repeat_interleave(counts)  # query of each entry of cat(norms)
+    log_norms = message.norm.new_zeros(active[0]).index_add_(0, column, model.log(torch.cat(norms)))
+    log_z = model.log_z(log_norms, last)
+    if not marginals:
+        return log_z, None, None
+    S, a0 = message.value.shape[0], active[0]
+    beta = message.value.new_empty(S, a0)
+    dbeta = message.value.new_empty(S, a0) if model.tangent is not None else None
+    span = max(1, model.w // model.k)  # a state holds the new spins of this many blocks
+    marg = beta.new_zeros(blocks, model.k, a0)
+    joint = beta.new_zeros(blocks, 2 ** (model.w + model.k)) if pairs else None
+    for start in reversed(range(0, blocks, stride)):
+        end = min(start + stride, blocks)
+        segment = {start - 1: kept[start - 1]}
+        for b in range(start, end - 1):
+            segment[b] = model.forward(b, segment[b - 1], active[b])
+        segment[end - 1] = kept.pop(end - 1)
+        for b in reversed(range(start, end)):
+            a, done = active[b], active[b + 1]
+            if done < a:  # queries whose chain ends at block b
+                model.end(segment[b], beta[:, done:a], dbeta[:, done:a] if dbeta is not None else None, done)
+            # marginals of the last `span` blocks' spins, from the joint law of the state after block b
+            first = 0 if b % span == span - 1 else done
+            if first < a:
+                state = model.marginals(segment[b], first, beta[:, first:a],
+                                        dbeta[:, first:a] if dbeta is not None else None)
+                low = max(b - span + 1, 0)
+                state = state[state.shape[0] - (b + 1 - low) * model.k:]
+                marg[low:b + 1, :, first:a] = state.unflatten(0, (-1, model.k))
+            j = model.backward(b, segment[b - 1], segment[b], beta[:, :a],
+                               dbeta[:, :a] if dbeta is not None else None, pairs, weights)
+            if pairs:
+                joint[b] = j
+    return log_z, marg, joint
+
+
+def _spins(bits: int, dtype: torch.dtype, device) -> Tensor:
+    """(2^bits, bits) +-1 table; column i is bit bits - 1 - i of the row index (column 0 = oldest spin)."""
+    index = torch.arange(2**bits, device=device)
+    return (2 * ((index[:, None] >> torch.arange(bits - 1, -1, -1, device=device)) & 1) - 1).to(dtype)
+
+
+def _state_signs(w: int, dtype: torch.dtype, device) -> Tensor:
+    """(w + 1, 2^w): the w spins of each state (oldest first), then a row of ones (the normaliser)."""
+    return torch.cat([_spins(w, dtype, device).T, torch.ones(1, 2**w, dtype=dtype, device=device)])
+
+
+def _pair_signs(w: int, k: int, dtype: torch.dtype, device) -> Tensor:
+    """(2^(w+k), k, w): s_{w+j} s_{w+j-d} over a block window (column d - 1), for new spin j."""
+    window = _spins(w + k, dtype, device)
+    new = torch.arange(w, w + k, device=device)
+    back = new[:, None] - torch.arange(1, w + 1, device=device)
+    return window[:, new, None] * window[:, back]
+
+
+class _Scaled:
+    """Scaled-probability recursion, k new spins per block, coupling tables shared by all queries.
+
+    alpha_b = (M_b alpha_{b-1}) * phi_b / sum(alpha_{b-1}); beta starts at 1 / sum(alpha) at the end of each
+    query's chain, so that alpha_b . beta_b = 1 at every block (and stays so along tangents)."""
+
+    def __init__(self, couplings: Tensor, fields: Tensor, tangent: Tensor | None, w: int, k: int):
+        """couplings (B, k * w): J between each block's new spins and their w predecessors; fields,
+        tangent (B, k, a): h and the tangent direction g at each block's new spins."""
+        self.w, self.k, self.tangent = w, k, tangent
+        blocks, dtype, device = couplings.shape[0], couplings.dtype, couplings.device
+        self.pair_signs = _pair_signs(w, k, dtype, device)
+        self.T, self.R = 2**k, 2 ** (w - k)
+        energy = couplings @ self.pair_signs.flatten(1).T          # (B, 2^(w+k)), window index (o, r, t)
+        top = energy.amax(1)
+        self.M = (energy - top[:, None]).exp().view(blocks, self.T, self.R, self.T).permute(0, 2, 3, 1)
+        self.M = self.M.contiguous()                                # (B, R, T, O)
+        spins = _spins(k, dtype, device)                            # (T, k)
+        self.state_signs = _state_signs(w, dtype, device)
+        size = fields.abs().sum(1)                                  # (B, a)
+        self.phi = (spins @ fields - size[:, None]).exp()           # (B, T, a), largest entry 1
+        self.gamma = spins @ tangent if tangent is not None else None
+        self.log_scale = top[:, None] + size
+
+    def start(self, a: int) -> _Message:
+        S = self.R * self.T
+        value = self.phi.new_ones(S, a)
+        return _Message(value, torch.zeros_like(value) if self.tangent is not None else None,
+                        value.new_full((a,), float(S)))
+
+    def _split(self, x: Tensor, a: int) -> Tensor:
+        """(S, >= a) state-major message -> (R, O, a) view: old state (o, r) with r as the batch."""
+        return x[:, :a].unflatten(0, (self.T, self.R)).transpose(0, 1)
+
+    def forward(self, b: int, prev: _Message, a: int) -> _Message:
+        scale = self.phi[b, :, :a] / prev.norm[:a]
+        value = torch.bmm(self.M[b], self._split(prev.value, a)).mul_(scale)        # (R, T, a)
+        tangent = None
+        if self.tangent is not None:
+            tangent = torch.bmm(self.M[b], self._split(prev.tangent, a)).mul_(scale)
+            tangent = tangent.addcmul_(value, self.gamma[b, :, :a]).view(-1, a)
+        value = value.view(-1, a)
+        return _Message(value, tangent, value.sum(0), scale)
+
+    def log(self, norms: Tensor) -> Tensor:
+        return norms.log()
+
+    def log_z(self, log_norms: Tensor, last: Tensor) -> Tensor:
+        """log Z from the summed log norms (blocks 0 .. last) and the tables' scales."""
+        offsets = self.log_scale.cumsum(0)[last, torch.arange(len(last), device=last.device)]
+        return log_norms + offsets + math.log(self.R * self.T)
+
+    def end(self, cur: _Message, beta: Tensor, dbeta: Tensor | None, first: int) -> None:
+        """beta = 1 / Z (and its tangent) for the queries first, first + 1, ... whose chain ends here."""
+        norm = cur.norm[first:first + beta.shape[1]]
+        beta.copy_((1 / norm).expand_as(beta))
+        if dbeta is not None:
+            dbeta.copy_((-cur.tangent[:, first:first + beta.shape[1]].sum(0) / norm**2).expand_as(dbeta))
+
+    def marginals(self, cur: _Message, first: int, beta: Tensor, dbeta: Tensor | None) -> Tensor:
+        """(w, a) marginals (or tangents) of the state's spins for queries first, first + 1, ..."""
+        alpha = cur.value[:, first:first + beta.shape[1]]
+        moments = self.state_signs @ (alpha * beta)                 # last row: normaliser (= 1)
+        if self.tangent is None:
+            return moments[:-1] / moments[-1]
+        dalpha = cur.tangent[:, first:first + beta.shape[1]]
+        dmoments = self.state_signs @ torch.addcmul(dalpha * beta, alpha, dbeta)
+        return (dmoments[:-1] - moments[:-1] * (dmoments[-1] / moments[-1])) / moments[-1]
+
+    def backward(self, b, prev, cur, beta, dbeta, pairs, weights):
+        """Window joint of block b summed over queries (2^(w+k), or its tangent; None without ``pairs``),
+        and beta (dbeta) overwritten with beta_{b-1}."""
+        R, T, a = self.R, self.T, beta.shape[1]
+        v = beta.view(R, T, a) * cur.scale                          # phi_b beta_b / sum(alpha_{b-1})
+        if self.tangent is not None:
+            dv = torch.addcmul(dbeta.view(R, T, a) * cur.scale, v, self.gamma[b, :, :a])
+        joint = None
+        if pairs:
+            old = self._split(prev.value, a)
+            if self.tangent is None:
+                joint = torch.bmm(old, (v * weights[:a]).transpose(1, 2))
+            else:
+                joint = torch.bmm(old, dv.transpose(1, 2)).add_(
+                    torch.bmm(self._split(prev.tangent, a), v.transpose(1, 2)))
+            joint = (joint * self.M[b].transpose(1, 2)).transpose(0, 1).flatten()  # (R, O, T) -> (o, r, t)
+        if b > 0:
+            back = self.M[b].transpose(1, 2)                         # (R, O, T)
+            torch.bmm(back, v, out=beta.unflatten(0, (T, R)).transpose(0, 1))
+            if self.tangent is not None:
+                torch.bmm(back, dv, out=dbeta.unflatten(0, (T, R)).transpose(0, 1))
+        return joint
+
+
+class _LogDomain:
+    """Log-domain recursion, one spin per step; couplings may be masked per query."""
+
+    k = 1
+
+    def __init__(self, couplings: Tensor, fields: Tensor, tangent: Tensor | None, w: int,
+                 presence: Tensor | None):
+        """couplings (B, w): J between step b's spin and its w predecessors; fields (B, a); tangent
+        (B, 1, a) or None; presence (B, w, a) or None: 1 where both spins of the coupling are present."""
+        self.w, self.couplings, self.fields, self.presence = w, couplings, fields, presence
+        self.tangent = tangent[:, 0] if tangent is not None else None
+        self.R = 2 ** (w - 1)
+        self.previous = _spins(w, fields.dtype, fields.device).flip(1)   # (S, w): column d - 1 is s_{p-d}
+        self.pair_signs = _pair_signs(w, 1, fields.dtype, fields.device)
+        self.state_signs = _state_signs(w, fields.dtype, fields.device)
+
+    def start(self, a: int) -> _Message:
+        value = self.fields.new_zeros(2 * self.R, a)
+        return _Message(value, torch.zeros_like(value) if self.tangent is not None else None, value.new_zeros(a))
+
+    def log(self, shifts: Tensor) -> Tensor:
+        return shifts
+
+    def log_z(self, log_norms: Tensor, last: Tensor) -> Tensor:
+        return log_norms
+
+    def end(self, cur: _Message, beta: Tensor, dbeta: Tensor | None, first: int) -> None:
+        """log beta = 0 for the queries whose chain ends here (every result is normalised afterwards)."""
+        beta.zero_()
+        if dbeta is not None:
+            dbeta.zero_()
+
+    def _field(self, b: int, a: int) -> Tensor:
+        """(S, a): the field on step b's spin in each previous state, h + sum_d J_d s_{p-d}."""
+        if self.presence is None:
+            return (self.previous @ self.couplings[b])[:, None] + self.fields[b, :a]
+        return self.previous @ (self.couplings[b, :, None] * self.presence[b, :, :a]) + self.fields[b, :a]
+
+    def forward(self, b: int, prev: _Message, a: int) -> _Message:
+        R = self.R
+        field = self._field(b, a)
+        x = prev.value[:, :a]
+        up0, up1 = x[:R] + field[:R], x[R:] + field[R:]        # new spin +1; oldest spin -1 / +1
+        dn0, dn1 = x[:R] - field[:R], x[R:] - field[R:]        # new spin -1
+        value = torch.stack([torch.logaddexp(dn0, dn1), torch.logaddexp(up0, up1)], 1).view(-1, a)
+        shift = torch.logsumexp(value, 0)
+        value = value - shift
+        tangent = None
+        if self.tangent is not None:
+            dx, g = prev.tangent[:, :a], self.tangent[b, :a]
+            d0, d1 = dx[:R], dx[R:]
+            gap = d0 - d1
+            tangent = torch.stack([d1 + torch.sigmoid(dn0 - dn1) * gap - g,
+                                   d1 + torch.sigmoid(up0 - up1) * gap + g], 1).view(-1, a)
+        return _Message(value, tangent, shift)
+
+    def marginals(self, cur: _Message, first: int, beta: Tensor, dbeta: Tensor | None) -> Tensor:
+        """As :meth:`_Scaled.marginals`, with log messages."""
+        cols = slice(first, first + beta.shape[1])
+        p = torch.softmax(cur.value[:, cols] + beta, 0)
+        moments = self.state_signs[:-1] @ p
+        if self.tangent is None:
+            return moments
+        dmoments = self.state_signs @ (p * (cur.tangent[:, cols] + dbeta))
+        return dmoments[:-1] - moments * dmoments[-1]
+
+    def backward(self, b, prev, cur, beta, dbeta, pairs, weights):
+        """As :meth:`_Scaled.backward`, with log messages."""
+        R, a = self.R, beta.shape[1]
+        field = self._field(b, a).view(2, R, 1, a)
+        sign = field.new_tensor([-1.0, 1.0]).view(1, 1, 2, 1)
+        lb = beta.view(1, R, 2, a)
+        joint = None
+        if pairs:
+            log_p = prev.value[:, :a].view(2, R, 1, a) + sign * field + lb   # window (o, r, t)
+            prob = torch.softmax(log_p.view(-1, a), 0).view(2, R, 2, a)
+            if self.tangent is None:
+                joint = (prob * weights[:a]).sum(-1).flatten()
+            else:
+                g = self.tangent[b, :a]
+                change = prev.tangent[:, :a].view(2, R, 1, a) + sign * g + dbeta.view(1, R, 2, a)
+                change = change - (prob * change).sum((0, 1, 2))
+                joint = (prob * change).sum(-1).flatten()
+        if b > 0:
+            up, dn = field[:, :, 0] + lb[:, :, 1], lb[:, :, 0] - field[:, :, 0]   # (2, R, a): new spin +1 / -1
+            value = torch.logaddexp(up, dn).view(-1, a)
+            if self.tangent is not None:
+                g = self.tangent[b, :a]
+                db = dbeta.view(R, 2, a)
+                dbeta.copy_((db[:, 0] - g + torch.sigmoid(up - dn) * (db[:, 1] - db[:, 0] + 2 * g)).view(-1, a))
+            beta.copy_(value - torch.logsumexp(value, 0))
+        return joint
