@@ -18,6 +18,7 @@ Everything works on partial grids: a missing mode, T or seed leaves a blank cell
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import warnings
@@ -66,24 +67,33 @@ class Run:
     steps_run: int | None
     couplings: np.ndarray | None  # (H, T, T) learned J of layer 0
     info: dict
+    raw: dict  # the whole result, as loaded
 
     @property
     def key(self) -> tuple:
         return (self.task, self.variant, self.T, self.mode, self.method)
 
 
-def load_runs(results_dir: str | Path) -> list[Run]:
-    """Every ``runs/*.json`` below ``results_dir`` (``*.tmp`` files of unfinished writes are ignored)."""
-    runs_dir = Path(results_dir) / "runs"
+ARCHIVE = "runs.jsonl.gz"  # every run's result, one JSON per line, written next to each report
+
+
+def load_runs(results: str | Path) -> list[Run]:
+    """Every ``runs/*.json`` below a results folder (``*.tmp`` files of unfinished writes are ignored), or
+    every line of a ``runs.jsonl.gz`` archive written by :func:`write_report`."""
+    results = Path(results)
+    if results.is_file():
+        with gzip.open(results, "rt") as f:
+            return [_load_run(Path(f"{results}:{i + 1}"), line) for i, line in enumerate(f) if line.strip()]
+    runs_dir = results / "runs"
     paths = sorted(runs_dir.glob("*.json"))
     if not paths:
         raise ValueError(f"no run results (*.json) in {runs_dir}")
-    return [_load_run(p) for p in paths]
+    return [_load_run(p, p.read_text()) for p in paths]
 
 
-def _load_run(path: Path) -> Run:
+def _load_run(path: Path, text: str) -> Run:
     try:
-        d = json.loads(path.read_text())
+        d = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"malformed result file {path}: {e}") from None
     try:
@@ -96,7 +106,7 @@ def _load_run(path: Path) -> Run:
                   variant=str(d.get("variant", "base")), T=T, mode=str(cfg["mode"]), method=str(cfg["method"]),
                   seed=int(d.get("seed", cfg["seed"])), config=cfg, metrics=metrics,
                   wall_time_s=float(d.get("wall_time_s") or 0.0), steps_run=d.get("steps_run"),
-                  couplings=None, info={k: d.get(k) for k in INFO_KEYS})
+                  couplings=None, info={k: d.get(k) for k in INFO_KEYS}, raw=d)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"result file {path} lacks a field or has a bad one: {e!r}") from None
     if d.get("couplings") is not None:
@@ -1126,10 +1136,14 @@ def _growth_statement(measured: dict[int, Comparison], beyond: list[int]) -> str
 # ---------------------------------------------------------------------------------------------------- report
 
 def write_report(results_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write ``out_dir/README.md`` and its PNGs from ``results_dir/runs/*.json``; returns the README's path."""
+    """Write ``out_dir/README.md``, its PNGs and ``runs.jsonl.gz`` (the data behind them, small enough to
+    commit) from ``results_dir/runs/*.json`` or an archive; returns the README's path."""
     results_dir, out = Path(results_dir), Path(out_dir)
-    res = Results(load_runs(results_dir))
+    runs = load_runs(results_dir)
+    res = Results(runs)
     out.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(out / ARCHIVE, "wb", mtime=0) as f:  # after loading: the source may be this file
+        f.write("".join(json.dumps(r.raw, separators=(",", ":")) + "\n" for r in runs).encode())
     lines = header_section(res, results_dir)
     if "shakespeare" in res.tasks():
         lines += shakespeare_section(res, out)
