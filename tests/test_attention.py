@@ -192,3 +192,16 @@ def test_three_body_couplings_symmetric():
         torch.testing.assert_close(K, K.permute(*perm))
     i = torch.arange(4)
     assert (K[:, i, i, :] == 0).all() and (K[:, :, i, i] == 0).all()
+
+
+def test_banded_layer_trains_couplings_from_zero():
+    """Relative couplings start at J = 0; the layer passes its coupling range as the band, so J gets gradients."""
+    torch.manual_seed(0)
+    layer = BoltzmannAttention(8, 1, max_len=6, method="banded", coupling="relative", coupling_range=2)
+    exact = BoltzmannAttention(8, 1, max_len=6, method="exact", coupling="relative", coupling_range=2)
+    exact.load_state_dict(layer.state_dict())
+    x = torch.randn(3, 6, 8, dtype=torch.float32)
+    for m in (layer, exact):
+        m(x)[0].pow(2).sum().backward()
+    assert layer.couplings.weight.grad.abs().min() > 0
+    torch.testing.assert_close(layer.couplings.weight.grad, exact.couplings.weight.grad, atol=1e-5, rtol=1e-4)

@@ -211,6 +211,8 @@ class BoltzmannAttention(nn.Module):
         self.embed_dim, self.num_heads, self.max_len = embed_dim, num_heads, max_len
         self.mode, self.method, self.causal = mode, method, causal
         self.method_options = dict(method_options or {})
+        if method == "banded" and coupling == "relative" and uses_J:  # J's band is known: J_jk = 0 beyond the range
+            self.method_options.setdefault("bandwidth", coupling_range or max_len - 1)
         self.query = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
         self.key = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
         self.value = nn.Linear(embed_dim, embed_dim, bias=bias)

@@ -107,6 +107,11 @@ def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | N
     n = h.shape[-1]
     if bandwidth is not None and (not isinstance(bandwidth, int) or bandwidth < 0):
         raise ValueError(f"bandwidth must be a non-negative int, got {bandwidth!r}")
+    if bandwidth is None and J is not None and J.requires_grad and torch.is_grad_enabled():
+        raise ValueError("method 'banded' needs an explicit `bandwidth` when J is trained: a bandwidth inferred "
+                         "from J's current values (w = 0 for J = 0) would give every coupling beyond it no "
+                         "gradient. Pass method_options={'bandwidth': w} (BoltzmannAttention with "
+                         "coupling='relative' passes its coupling_range).")
     needed = 0
     if J is not None:
         pairs = (J.detach().reshape(-1, n, n) != 0).any(0).nonzero()
