@@ -799,13 +799,9 @@ def shakespeare_section(res: Results, out: Path) -> list[str]:
              "PPL_softmax × 100, positive = better than softmax; per seed where softmax has the same seed, "
              "mean ± std over those seeds († from the means when no seed is shared). Paper Δ%: the paper's "
              "relative improvement (it does not say whether over all positions or the last one).", ""]
-    for variant in res.variants("shakespeare"):
-        for metric, what in (("ppl", "all positions"), ("ppl_last", "last position only")):
-            lines += [f"### Shakespeare: perplexity, {what} (variant `{variant}`)", "",
-                      shakespeare_table(res, variant, metric), ""]
-        png = f"metric_shakespeare_{variant}.png"
-        plot_metric(res, "shakespeare", variant, out / png)
-        lines += [f"![shakespeare {variant}: perplexity against T]({png})", ""]
+    lines += _variant_tables(res, out, "shakespeare", shakespeare_table, "perplexity",
+                             (("ppl", "Shakespeare: perplexity, all positions"),
+                              ("ppl_last", "Shakespeare: perplexity, last position only")))
     table, fits = fit_table(res)
     lines += ["### Perplexity against T: fit PPL(T) = a·exp(-b·T) + c", "",
               "Least squares over all seeds' perplexities (all positions); ± is sqrt(diag(pcov)).", "", table, ""]
@@ -822,13 +818,19 @@ def brackets_section(res: Results, out: Path) -> list[str]:
              "Accuracy of the position head over closing brackets (percent), mean ± std over seeds (n seeds); the test "
              "split is the headline. Δ pts: accuracy minus softmax's, per seed where softmax has the same seed († "
              "from the means). Paper %: the paper's accuracy (full model).", ""]
-    for variant in res.variants("brackets"):
-        for split, what in (("test", "test"), ("val", "validation")):
-            lines += [f"### Brackets: {what} accuracy (variant `{variant}`)", "",
-                      brackets_table(res, variant, split), ""]
-        png = f"metric_brackets_{variant}.png"
-        plot_metric(res, "brackets", variant, out / png)
-        lines += [f"![brackets {variant}: accuracy against T]({png})", ""]
+    return lines + _variant_tables(res, out, "brackets", brackets_table, "accuracy",
+                                   (("test", "Brackets: test accuracy"), ("val", "Brackets: validation accuracy")))
+
+
+def _variant_tables(res: Results, out: Path, task: str, table: Callable, noun: str, kinds) -> list[str]:
+    """Per variant: one table per (key, title) of ``kinds`` and the metric-against-T plot."""
+    lines = []
+    for variant in res.variants(task):
+        for key, title in kinds:
+            lines += [f"### {title} (variant `{variant}`)", "", table(res, variant, key), ""]
+        png = f"metric_{task}_{variant}.png"
+        plot_metric(res, task, variant, out / png)
+        lines += [f"![{task} {variant}: {noun} against T]({png})", ""]
     return lines
 
 
