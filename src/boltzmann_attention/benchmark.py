@@ -196,7 +196,7 @@ def format_table(results: list[Result], stamp: dict) -> str:
     for r in results:
         c = r.case
         naive, sdpa = find("naive", c), find("sdpa", c)
-        speedup = f"{naive.seconds / r.seconds:.0f}x faster" if naive and c.method == "exact" else ""
+        speedup = f"{naive.seconds / r.seconds:.2g}x faster" if naive and c.method == "exact" else ""
         slowdown = f"{r.seconds / sdpa.seconds:.1f}x" if sdpa and c.method not in ("sdpa", "matmul") else ""
         gflops = f"{r.gflops:.0f}" if r.gflops else ""
         mm = find("matmul", Case("matmul", c.T, c.B))
