@@ -73,8 +73,8 @@ def test_bad_three_body():
 
 def test_unknown_method():
     h, J = _valid()
-    with pytest.raises(ValueError, match="unknown method 'gibbs'"):
-        ising.marginals(h, J, method="gibbs")
+    with pytest.raises(ValueError, match="unknown method .magic."):
+        ising.marginals(h, J, method="magic")
     with pytest.raises(ValueError, match="unknown method"):
         ising.log_partition(h, J, method="nope")
 

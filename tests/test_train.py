@@ -86,7 +86,7 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
 @pytest.mark.parametrize("change,message", [
     (dict(task="copying"), "unknown task"),
     (dict(mode="K"), "unknown mode"),
-    (dict(method="gibbs"), "unknown method"),
+    (dict(method="magic"), "unknown method"),
     (dict(T=30), "beyond method 'exact'"),
     (dict(mode="h+K", method="meanfield"), "needs method='exact'"),
 ])

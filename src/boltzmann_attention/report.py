@@ -521,10 +521,13 @@ def _variant_settings(runs: list[Run]) -> dict[str, str]:
         for k, v in r.config.items():
             if k not in axes and (k not in defaults or v != defaults[k]):
                 by_variant[r.variant][k][json.dumps(v, sort_keys=True)] += 1
+    totals = Counter(r.variant for r in runs)
     out = {}
-    for v in sorted({r.variant for r in runs}, key=_variant_rank):
+    for v in sorted(totals, key=_variant_rank):
         items = by_variant.get(v, {})
-        out[v] = ", ".join(f"{k}={_counted(c)}" for k, c in sorted(items.items())) or "TrainConfig defaults"
+        out[v] = ", ".join(f"{k}={_counted(c)}" + (f" in {sum(c.values())} of {totals[v]} runs"
+                                                   if sum(c.values()) < totals[v] else "")
+                           for k, c in sorted(items.items())) or "TrainConfig defaults"
     return out
 
 
