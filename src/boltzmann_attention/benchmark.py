@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import platform
 import resource
 import statistics
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 
@@ -29,6 +27,7 @@ import torch.nn.functional as F
 
 from .attention import boltzmann_attention
 from .ising.reference import configurations, negative_energies
+from .provenance import machine_info
 
 HEAD_DIM = 64
 
@@ -167,20 +166,9 @@ def default_cases(quick: bool) -> list[Case]:
 
 
 def machine_stamp() -> dict:
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or platform.machine()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-        if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                          text=True).stdout.strip():
-            commit += "-dirty"
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return {"cpu": cpu, "threads": 2, "torch": torch.__version__, "python": platform.python_version(),
-            "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    info = machine_info()
+    return {"cpu": info["processor"], "threads": 2, "torch": info["torch"], "python": info["python"],
+            "commit": info["commit"], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def format_table(results: list[Result], stamp: dict) -> str:

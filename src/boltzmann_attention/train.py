@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -30,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import data as datasets
 from .attention import parameter_groups
 from .model import Model, ModelConfig, loss_fn
+from .provenance import machine_info
 
 TASKS = ("shakespeare", "brackets")
 CHECKPOINT_FORMAT = 1
@@ -163,16 +162,6 @@ def build_optimizer(model: Model, cfg: TrainConfig) -> torch.optim.Optimizer:
     for g in groups:
         g["lr"] = cfg.lr * g.get("lr_multiplier", 1.0)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
-
-
-def machine_info() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=True, cwd=Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return {"machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "python": platform.python_version(), "commit": commit}
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, generator, cfg: TrainConfig, step: int,
