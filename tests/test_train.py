@@ -89,6 +89,7 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     (dict(method="magic"), "unknown method"),
     (dict(T=30), "beyond method 'exact'"),
     (dict(mode="h+K", method="meanfield"), "needs method='exact'"),
+    (dict(T=17, method="dqa"), "beyond method 'dqa'"),
 ])
 def test_bad_configs_fail_before_training(change, message):
     with pytest.raises(ValueError, match=message):

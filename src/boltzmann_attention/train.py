@@ -66,6 +66,7 @@ class TrainConfig:
         """Raise ValueError for anything that would fail later, before any training."""
         from . import ising
         from .attention import MODES
+        from .ising.annealing import MAX_SPINS as DQA_MAX_SPINS
         from .ising.exact import MAX_SPINS
 
         if self.task not in TASKS:
@@ -76,11 +77,12 @@ class TrainConfig:
             raise ValueError(f"unknown method {self.method!r}; choose one of {sorted(ising.METHODS)}")
         if self.T < 2:
             raise ValueError("T must be at least 2")
-        limit = {"exact": self.method_options.get("max_spins", MAX_SPINS), "reference": 20}.get(self.method)
+        limit = {"exact": self.method_options.get("max_spins", MAX_SPINS), "reference": 20,
+                 "dqa": DQA_MAX_SPINS}.get(self.method)
         if self.mode not in ("softmax", "h") and limit is not None and self.T > limit:
             raise ValueError(f"T = {self.T} is beyond method {self.method!r}'s limit of {limit} spins; "
                              "use method='banded' (with coupling='relative'), 'meanfield' or 'tap'")
-        if "K" in self.mode and self.method != "exact":
+        if "K" in self.mode and self.method not in ("exact", "reference"):
             raise ValueError(f"mode {self.mode!r} (three-body couplings) needs method='exact'")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ValueError("steps, batch_size and lr must be positive")
