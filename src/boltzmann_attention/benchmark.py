@@ -200,12 +200,52 @@ def format_table(results: list[Result], stamp: dict) -> str:
     return "\n".join(lines)
 
 
+def accuracy_table(sizes=(12, 16), queries: int = 16, coupling_std: float = 0.3, seed: int = 0) -> str:
+    """Marginal error against the float64 brute-force reference, and wall time, for every method (dense J).
+
+    h ~ N(0, 1), J_jk ~ N(0, coupling_std^2) (symmetric, dense), float64, one call per row, 2 threads.
+    DQA is not a Boltzmann sampler: its 'error' is the distance between its final-state marginals and the
+    Boltzmann ones, not a sampling error.
+    """
+    from . import ising
+
+    torch.set_num_threads(2)
+    settings = [("exact", {}), ("meanfield", {}), ("tap", {})]
+    settings += [("gibbs", {"num_samples": s, "warmup": 100, "seed": 0}) for s in (100, 1000, 10000)]
+    settings += [("pt", {"num_samples": 1000, "warmup": 100, "seed": 0}),
+                 ("dqa", {"num_samples": 1000, "seed": 0}),
+                 ("dqa", {"num_samples": 1000, "seed": 0, "anneal_time_ns": 1.0, "energy_scale": 0.25})]
+    lines = ["| n | method | options | seconds | max abs error | mean abs error |", "|---|---|---|---|---|---|"]
+    g = torch.Generator().manual_seed(seed)
+    for n in sizes:
+        h = torch.randn(queries, n, dtype=torch.float64, generator=g)
+        W = torch.randn(n, n, dtype=torch.float64, generator=g) * coupling_std
+        J = W.triu(1) + W.triu(1).T
+        truth = ising.marginals(h, J, method="reference")  # float64 brute force
+        for method, options in settings:
+            start = time.perf_counter()
+            with torch.no_grad():
+                m = ising.marginals(h, J, method=method, **options)
+            seconds = time.perf_counter() - start
+            err = (m - truth).abs()
+            shown = ", ".join(f"{k}={v}" for k, v in options.items() if k != "seed") or "defaults"
+            lines.append(f"| {n} | {method} | {shown} | {seconds:.3f} | {err.max():.2e} | {err.mean():.2e} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
     parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--accuracy", action="store_true",
+                        help="instead: marginal error against exact and wall time of every method (n = 12, 16)")
     args = parser.parse_args(argv)
     stamp = machine_stamp()
+    if args.accuracy:
+        print(f"Machine: {stamp['cpu']}, {stamp['threads']} threads; torch {stamp['torch']}; "
+              f"commit {stamp['commit']}; {stamp['date']}\n")
+        print(accuracy_table())
+        return
     results = []
     for case in default_cases(args.quick):
         results.append(run_case(case))
