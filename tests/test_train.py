@@ -24,8 +24,7 @@ def test_a_few_steps_lower_the_loss(task, mode):
     torch.set_num_threads(1)
     result = train(TrainConfig(task=task, T=6, mode=mode, **SMALL), progress=False)
     first, last = result["history"][0], result["history"][-1]
-    assert last["step"] == 40 and last["train_loss"] < 0.9 * result["history"][0]["train_loss"] or \
-        last["loss"] < first["loss"]
+    assert last["step"] == 40 and last["loss"] < first["loss"]
     initial = TrainConfig(task=task, T=6, mode=mode, **{**SMALL, "steps": 1, "eval_interval": 1})
     assert result["metrics"]["val"]["loss"] < train(initial, progress=False)["metrics"]["val"]["loss"]
     if "J" in mode:

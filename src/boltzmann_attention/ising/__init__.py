@@ -70,7 +70,7 @@ METHODS: dict[str, tuple[Callable, Callable]] = {
 def _lookup(method, which: int) -> Callable:
     if isinstance(method, DimodSampler):  # any dimod sampler, wrapped: marginals only
         return (lambda h, J, K, mask, **options: method.marginals(h, J, K, mask, **options),
-                METHODS["gibbs"][1])[which]
+                mcmc.log_partition)[which]  # sampling gives no log Z: raises, naming the methods that do
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {sorted(METHODS)}")
     return METHODS[method][which]
