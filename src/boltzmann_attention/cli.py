@@ -36,6 +36,8 @@ def _boolean(text: str) -> bool:
 
 
 def main(argv=None) -> int:
+    from . import experiments
+
     parser = argparse.ArgumentParser(prog="boltzmann-attention", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -61,9 +63,15 @@ def main(argv=None) -> int:
     p_report.add_argument("--out", default="report")
 
     p_repro = sub.add_parser("reproduce", help="sweep and report for the paper's tables")
-    p_repro.add_argument("--profile", choices=["quick", "full"], default="quick")
-    p_repro.add_argument("--out", help="results folder (default: results/<profile>)")
-    p_repro.add_argument("--report", help="report folder (default: report/<profile>)")
+    p_repro.add_argument("--profile", choices=["quick", "full", "fair"], default="quick",
+                         help="quick: a smoke test; full: the paper's tables; fair: the fair-baselines study")
+    p_repro.add_argument("--field-bias", choices=sorted(experiments.FIELD_BIASES),
+                         default=experiments.DEFAULT_FIELD_BIAS,
+                         help=f"field bias of the Boltzmann modes (default {experiments.DEFAULT_FIELD_BIAS}, "
+                              f"chosen by the fair study; {experiments.PAPER_FIELD_BIAS} is the paper's energy, "
+                              "which has no bias term)")
+    p_repro.add_argument("--out", help="results folder (default: results/<profile>[-bias-<field bias>])")
+    p_repro.add_argument("--report", help="report folder (default: report/<profile>[-bias-<field bias>])")
     p_repro.add_argument("--jobs", type=int, default=2)
 
     args = parser.parse_args(argv)
@@ -95,18 +103,25 @@ def _dispatch(args) -> int:
         names = experiments.sweep([grid], args.out, jobs=args.jobs)
         print(f"{len(names)} runs done -> {args.out}/runs")
     elif args.command == "report":
-        from .report import write_report
-
-        print(f"report -> {write_report(args.results, args.out)}")
+        print(f"report -> {_write_report(args.results, args.out)}")
     elif args.command == "reproduce":
-        from .report import write_report
-
-        out = Path(args.out or f"results/{args.profile}")
+        name = args.profile
+        if args.field_bias != experiments.DEFAULT_FIELD_BIAS:
+            name += f"-bias-{args.field_bias}"
+        out = Path(args.out or f"results/{name}")
         start = time.perf_counter()
-        names = experiments.sweep(experiments.profile(args.profile), out, jobs=args.jobs)
+        names = experiments.sweep(experiments.profile(args.profile, args.field_bias), out, jobs=args.jobs)
         print(f"{len(names)} runs in {time.perf_counter() - start:.0f} s -> {out}/runs")
-        print(f"report -> {write_report(out, args.report or f'report/{args.profile}')}")
+        print(f"report -> {_write_report(out, args.report or f'report/{name}')}")
     return 0
+
+
+def _write_report(results, out) -> Path:
+    """The fair-study report for results of the fair profile, else the paper-comparison report."""
+    from .fairness import is_fair_study, write_fair_report
+    from .report import write_report
+
+    return (write_fair_report if is_fair_study(results) else write_report)(results, out)
 
 
 if __name__ == "__main__":

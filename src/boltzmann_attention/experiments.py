@@ -7,6 +7,7 @@ result exists and resumes a killed run from its checkpoint, so nothing finished 
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 from dataclasses import asdict, dataclass, field, replace
@@ -27,10 +28,32 @@ PAPER_BRACKETS_ACCURACY = {("h+J", 16): 95.97, ("softmax", 16): 93.08, ("h", 16)
 
 PAPER_MODES = ("softmax", "h+J", "h", "J")
 
+# The field bias b of modes h, J and h+J (one per head), as (learnable, coefficient c) with b = c * log(T) at
+# initialisation. The weights are sigmoid(2h), so b is a logit bias of 2b: "learn-half-log-T" starts at
+# sigmoid attention's recommended logit bias -log T (Ramapuram et al., 2024). The paper's energy has no bias
+# term, so "fixed-0" is the paper-faithful parametrisation.
+FIELD_BIASES = {
+    "fixed-0": (False, 0.0),
+    "learn-0": (True, 0.0),
+    "learn-half-log-T": (True, -0.5),
+    "fixed-log-T": (False, -1.0),
+}
+DEFAULT_FIELD_BIAS = "learn-half-log-T"  # TrainConfig's default (field_bias_init=None, learn_field_bias=True)
+PAPER_FIELD_BIAS = "fixed-0"
+
+
+def field_bias_config(name: str, T: int) -> dict:
+    """The TrainConfig fields of field-bias variant ``name`` at window T."""
+    if name not in FIELD_BIASES:
+        raise ValueError(f"unknown field bias {name!r}; choose one of {sorted(FIELD_BIASES)}")
+    learnable, coefficient = FIELD_BIASES[name]
+    return {"field_bias_init": coefficient * math.log(T) + 0.0, "learn_field_bias": learnable}
+
 
 @dataclass
 class Grid:
-    """A grid of runs sharing one variant (a label plus TrainConfig overrides)."""
+    """A grid of runs sharing one variant (a label plus TrainConfig overrides, and optionally a field-bias
+    variant of FIELD_BIASES, resolved per T into field_bias_init and learn_field_bias)."""
 
     tasks: tuple[str, ...]
     Ts: tuple[int, ...]
@@ -39,15 +62,19 @@ class Grid:
     seeds: tuple[int, ...] = (0, 1, 2)
     variant: str = "base"
     overrides: dict = field(default_factory=dict)
+    field_bias: str | None = None
 
     def runs(self) -> list[tuple[str, TrainConfig]]:
         out = []
         for task in self.tasks:
             for T in self.Ts:
+                overrides = dict(self.overrides)
+                if self.field_bias is not None:
+                    overrides.update(field_bias_config(self.field_bias, T))
                 for mode in self.modes:
                     for method in self.methods:
                         for seed in self.seeds:
-                            cfg = TrainConfig(task=task, T=T, mode=mode, method=method, seed=seed, **self.overrides)
+                            cfg = TrainConfig(task=task, T=T, mode=mode, method=method, seed=seed, **overrides)
                             out.append((run_name(cfg, self.variant), cfg))
         return out
 
@@ -56,8 +83,21 @@ def run_name(cfg: TrainConfig, variant: str = "base") -> str:
     return f"{cfg.task}-T{cfg.T}-{cfg.mode}-{cfg.method}-{variant}-s{cfg.seed}"
 
 
-def profile(name: str) -> list[Grid]:
-    """The grids of a profile. 'quick' fits in about 15 minutes on 2 cores; 'full' is the paper's tables."""
+def profile(name: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
+    """The grids of a profile. 'quick' fits in about 15 minutes on 2 cores; 'full' is the paper's tables;
+    'fair' is the fair-baselines study (:func:`fair_grids`). ``field_bias`` (a key of FIELD_BIASES) sets the
+    field bias of every Boltzmann mode in 'quick' and 'full', and of the convergence and J-sensitivity runs in
+    'fair' (its bias study runs every variant)."""
+    field_bias_config(field_bias, 2)  # validates the name
+    if name == "fair":
+        return fair_grids(field_bias)
+    grids = _paper_profile(name)
+    if field_bias == DEFAULT_FIELD_BIAS:  # TrainConfig's defaults already are this variant
+        return grids
+    return [replace(g, field_bias=field_bias) for g in grids]
+
+
+def _paper_profile(name: str) -> list[Grid]:
     if name == "quick":
         return [Grid(("shakespeare",), (4, 8), seeds=(0,), overrides={"steps": 1000, "eval_interval": 250}),
                 Grid(("brackets",), (8,), seeds=(0,), overrides={"steps": 1000, "eval_interval": 250})]
@@ -69,7 +109,43 @@ def profile(name: str) -> list[Grid]:
             Grid(("shakespeare", "brackets"), (8, 12), modes=("h+K", "h+J+K")),
             Grid(("shakespeare",), (16, 20), modes=("softmax", "h+J", "h"), seeds=(0,)),
         ]
-    raise ValueError(f"unknown profile {name!r}; choose 'quick' or 'full'")
+    raise ValueError(f"unknown profile {name!r}; choose 'quick', 'full' or 'fair'")
+
+
+FAIR_SEEDS = (0, 1, 2, 3, 4)
+FAIR_T = 12
+J_LR_MULTIPLIERS = (0.3, 3.0)   # besides 1.0, which is the bias study's run
+J_INIT_STD = 0.1                # "small random" couplings: N(0, 0.1^2), against 0 by default
+
+
+def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
+    """The fair-baselines study, in the order it is run (the most important grids first).
+
+    1. Every field-bias variant for h, h+J and J against one softmax baseline, at T = 12 on both tasks.
+    2. Convergence: softmax, h and h+J trained 4x longer at T = 12 on Shakespeare.
+    3. Sensitivity of J at T = 12 on both tasks: its learning-rate multiplier and its initialisation.
+    4. The field-bias study again at T = 8 on Shakespeare.
+    Seeds are paired: a seed fixes the initialisation and the data order for every mode. Stages 2 and 3 use
+    ``field_bias`` (the default's variant); their 1x / zero-init counterpart is the stage-1 run.
+    """
+    seeds, T, boltzmann = FAIR_SEEDS, FAIR_T, ("h", "h+J", "J")
+
+    def bias_study(task: str, Ts: tuple[int, ...]) -> list[Grid]:
+        return [Grid((task,), Ts, modes=("softmax",), seeds=seeds, variant="fair")] + [
+            Grid((task,), Ts, modes=boltzmann, seeds=seeds, variant=f"bias-{b}", field_bias=b) for b in FIELD_BIASES]
+
+    grids = bias_study("shakespeare", (T,)) + bias_study("brackets", (T,))
+    grids.append(Grid(("shakespeare",), (T,), modes=("softmax",), seeds=seeds, variant="long",
+                      overrides={"steps": 16000}))
+    grids.append(Grid(("shakespeare",), (T,), modes=("h", "h+J"), seeds=seeds, variant=f"long-bias-{field_bias}",
+                      overrides={"steps": 16000}, field_bias=field_bias))
+    for modes in (("h+J",), ("J",)):
+        for task in ("shakespeare", "brackets"):
+            grids += [Grid((task,), (T,), modes=modes, seeds=seeds, variant=f"jlr{m:g}-bias-{field_bias}",
+                           overrides={"coupling_lr_multiplier": m}, field_bias=field_bias) for m in J_LR_MULTIPLIERS]
+            grids.append(Grid((task,), (T,), modes=modes, seeds=seeds, variant=f"jinit{J_INIT_STD:g}-bias-{field_bias}",
+                              overrides={"coupling_init_std": J_INIT_STD}, field_bias=field_bias))
+    return grids + bias_study("shakespeare", (8,))
 
 
 def _run_one(args) -> tuple[str, str | None]:

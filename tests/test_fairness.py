@@ -1,0 +1,224 @@
+"""The fair-baselines study: its grid, its statistics (against scipy) and its report on planted results."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from test_report import table_after, write_run
+
+from boltzmann_attention import cli, experiments
+from boltzmann_attention.experiments import FIELD_BIASES, field_bias_config, profile
+from boltzmann_attention.fairness import holm, is_fair_study, paired, points, relative, write_fair_report
+
+SEEDS = (0, 1, 2, 3, 4)
+OFFSETS = (-0.2, -0.1, 0.0, 0.1, 0.2)  # per-seed deviation of a planted improvement (percent)
+
+
+# ----------------------------------------------------------------------------------------------------- grid
+
+def test_field_bias_config_values():
+    assert field_bias_config("fixed-0", 12) == {"field_bias_init": 0.0, "learn_field_bias": False}
+    assert field_bias_config("learn-0", 12) == {"field_bias_init": 0.0, "learn_field_bias": True}
+    assert field_bias_config("learn-half-log-T", 12)["field_bias_init"] == pytest.approx(-0.5 * math.log(12))
+    assert field_bias_config("fixed-log-T", 8) == {"field_bias_init": pytest.approx(-math.log(8)),
+                                                   "learn_field_bias": False}
+    with pytest.raises(ValueError, match="unknown field bias 'learn-1'.*fixed-0"):
+        field_bias_config("learn-1", 12)
+
+
+def test_fair_profile_pairs_seeds_and_covers_every_variant():
+    runs = [(name, cfg) for g in profile("fair", "learn-0") for name, cfg in g.runs()]
+    names = [n for n, _ in runs]
+    assert len(names) == len(set(names))
+    for cfg in (c for _, c in runs):
+        cfg.validate()
+    by_point = {}
+    for name, cfg in runs:
+        by_point.setdefault(name.rsplit("-s", 1)[0], set()).add(cfg.seed)
+    assert all(seeds == set(SEEDS) for seeds in by_point.values())  # every mode sees the same seeds
+    for task in ("shakespeare", "brackets"):
+        for bias in FIELD_BIASES:
+            for mode in ("h", "h+J", "J"):
+                assert f"{task}-T12-{mode}-exact-bias-{bias}" in by_point
+    long = [c for n, c in runs if "-long" in n]
+    assert {c.mode for c in long} == {"softmax", "h", "h+J"} and all(c.steps == 16000 for c in long)
+    # convergence and J sensitivity use the requested field bias
+    for name, cfg in runs:
+        if "long-bias" in name or "jlr" in name or "jinit" in name:
+            assert (cfg.field_bias_init, cfg.learn_field_bias) == (0.0, True)
+    assert {c.coupling_lr_multiplier for n, c in runs if "jlr" in n} == {0.3, 3.0}
+
+
+def test_paper_profiles_take_the_field_bias_flag():
+    default = [c for g in profile("quick") for _, c in g.runs()]
+    assert all(c.field_bias_init is None and c.learn_field_bias for c in default)
+    faithful = [c for g in profile("quick", "fixed-0") for _, c in g.runs()]
+    assert all(c.field_bias_init == 0.0 and not c.learn_field_bias for c in faithful)
+    with pytest.raises(ValueError, match="unknown field bias"):
+        profile("full", "none")
+
+
+def test_reproduce_writes_a_non_default_bias_apart(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_sweep(grids, out, jobs):
+        seen["out"], seen["grids"] = out, grids
+        return []
+
+    monkeypatch.setattr(experiments, "sweep", fake_sweep)
+    monkeypatch.setattr(cli, "_write_report", lambda results, out: out)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["reproduce", "--profile", "quick", "--field-bias", "fixed-0"]) == 0
+    assert str(seen["out"]) == "results/quick-bias-fixed-0"
+    assert all(g.field_bias == "fixed-0" for g in seen["grids"])
+
+
+# ----------------------------------------------------------------------------------------------- statistics
+
+def test_paired_interval_and_p_value_match_scipy():
+    rng = np.random.default_rng(0)
+    a = dict(enumerate(rng.normal(7.0, 0.1, 6)))
+    b = {s: v - 0.05 + rng.normal(0, 0.03) for s, v in a.items()}
+    b[99] = 1.0  # unpaired seed: ignored
+    c = paired(a, b, lambda x, y: x - y)
+    x, y = np.array([a[s] for s in range(6)]), np.array([b[s] for s in range(6)])
+    ref = stats.ttest_rel(x, y)
+    ci = ref.confidence_interval(0.95)
+    assert c.n == 6
+    assert c.mean == pytest.approx(float(np.mean(x - y)))
+    assert (c.low, c.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert c.p == pytest.approx(ref.pvalue)
+
+
+def test_paired_edge_cases():
+    assert paired({0: 1.0}, {1: 2.0}, relative) is None  # no common seed
+    one = paired({0: 2.0}, {0: 1.0}, relative)
+    assert one.n == 1 and one.p is None and one.mean == pytest.approx(50.0) and one.text() == "+50.00 (n=1)"
+    exact = paired({0: 1.0, 1: 1.0}, {0: 0.5, 1: 0.5}, points)
+    assert exact.p == 0.0 and exact.low == exact.high == pytest.approx(-50.0)
+    assert relative(10.0, 9.0) == pytest.approx(10.0) and points(0.9, 0.95) == pytest.approx(5.0)
+
+
+def test_holm_by_hand():
+    # m = 4: 0.005 < 0.05/4, 0.01 < 0.05/3, 0.03 > 0.05/2 stops; 0.04 is not reached
+    assert holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert holm([0.001, None, 0.2]) == [True, False, False]
+    assert holm([]) == []
+
+
+# ------------------------------------------------------------------------------------------ planted report
+
+# Planted relative improvement over softmax (percent, positive = better) per (mode, bias) on Shakespeare.
+PLANTED = {("h", b): 1.0 for b in FIELD_BIASES} | {("h+J", b): 2.0 for b in FIELD_BIASES} | {
+    ("J", b): -3.0 for b in FIELD_BIASES}
+PLANTED[("h", "fixed-log-T")] = -5.0          # h clearly worse than softmax under one bias
+PLANTED[("h+J", "learn-0")] = 1.0             # h+J level with h under learn-0 (J adds nothing)
+PLANTED_ACC = {"softmax": 0.95, "h": 0.94, "h+J": 0.96, "J": 0.80}
+
+
+def softmax_ppl(seed):
+    return 7.0 + 0.05 * seed
+
+
+def planted_ppl(rel, seed, offset=True):
+    return softmax_ppl(seed) * (1 - (rel + (OFFSETS[seed] if offset else 0.0)) / 100)
+
+
+def shakespeare_val(ppl):
+    return {"loss": math.log(ppl), "ppl": ppl, "loss_last": math.log(0.9 * ppl), "ppl_last": 0.9 * ppl}
+
+
+def build_fair_results(root):
+    for seed in SEEDS:
+        write_run(root, "shakespeare", 12, "softmax", seed, variant="fair", val=shakespeare_val(softmax_ppl(seed)))
+        acc = {"loss": 0.3, "accuracy": PLANTED_ACC["softmax"]}
+        write_run(root, "brackets", 12, "softmax", seed, variant="fair", val=acc, test=acc)
+        for (mode, bias), rel in PLANTED.items():
+            # h and h+J share the per-seed offset, so h+J vs h is exact wherever both plants are equal
+            cfg = field_bias_config(bias, 12)
+            write_run(root, "shakespeare", 12, mode, seed, variant=f"bias-{bias}",
+                      val=shakespeare_val(planted_ppl(rel, seed)), **cfg)
+            acc = {"loss": 0.3, "accuracy": PLANTED_ACC[mode] + 0.001 * OFFSETS[seed]}
+            write_run(root, "brackets", 12, mode, seed, variant=f"bias-{bias}", val=acc, test=acc, **cfg)
+        write_run(root, "shakespeare", 12, "softmax", seed, variant="long", steps=16000,
+                  val=shakespeare_val(softmax_ppl(seed) - 0.5))
+        for mode, rel in (("h", 1.0), ("h+J", 3.0)):
+            write_run(root, "shakespeare", 12, mode, seed, variant="long-bias-learn-0", steps=16000,
+                      val=shakespeare_val(planted_ppl(rel, seed) - 0.5), **field_bias_config("learn-0", 12))
+        write_run(root, "shakespeare", 12, "h+J", seed, variant="jlr3-bias-learn-0", coupling_lr_multiplier=3.0,
+                  val=shakespeare_val(planted_ppl(2.5, seed)), **field_bias_config("learn-0", 12))
+
+
+@pytest.fixture(scope="module")
+def fair_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fair")
+    build_fair_results(root)
+    assert is_fair_study(root)
+    path = write_fair_report(root, root / "report")
+    return path.read_text()
+
+
+def table_starting(text, prefix):
+    """The first table after the first line that starts with ``prefix``."""
+    heading = next(line for line in text.splitlines() if line.startswith(prefix))
+    return table_after(text, heading)
+
+
+def _cell(text, prefix, row, column):
+    return table_starting(text, prefix)[row][column]
+
+
+def test_bias_tables_hold_the_planted_differences(fair_report):
+    heading = "Against softmax (%, positive = better; 95% CI; best variants:"
+    # softmax's PPL and the planted ones give the per-seed improvement rel + offset exactly
+    sd = float(np.std(OFFSETS, ddof=1))
+    half = stats.t.ppf(0.975, 4) * sd / math.sqrt(5)
+    assert _cell(fair_report, heading, "learn-0", "h") == f"+1.00 [{1 - half:+.2f}, {1 + half:+.2f}]**"
+    assert _cell(fair_report, heading, "fixed-log-T", "h") == f"-5.00 [{-5 - half:+.2f}, {-5 + half:+.2f}]**"
+    assert _cell(fair_report, heading, "fixed-0", "J").startswith("-3.00 [")
+
+
+def test_what_j_adds(fair_report):
+    table = table_after(fair_report, "What J adds: h+J against h with the same field bias (%, positive = better; "
+                                     "95% CI):")
+    # equal plants: the per-seed difference is zero up to rounding, so no mark
+    assert table["learn-0"]["h+J vs h"].startswith(("+0.00 [", "-0.00 [")) and "*" not in table["learn-0"]["h+J vs h"]
+    fixed = table["fixed-0"]["h+J vs h"]
+    expected = np.mean([(planted_ppl(1.0, s) - planted_ppl(2.0, s)) / planted_ppl(1.0, s) * 100 for s in SEEDS])
+    assert fixed.startswith(f"{expected:+.2f} [") and fixed.endswith("**")
+
+
+def test_conclusions_state_each_claim(fair_report):
+    conclusions = fair_report.split("## Conclusions, claim by claim")[1]
+    shakespeare = conclusions.split("**brackets")[0]
+    assert "- field bias `fixed-log-T`:\n  - h (sigmoid) is worse than softmax: significantly worse" in shakespeare
+    assert "- field bias `learn-0`:\n  - h (sigmoid) is worse than softmax: significantly better" in shakespeare
+    assert "the claim is contradicted" in shakespeare and "the claim holds" in shakespeare
+    learn0 = shakespeare.split("- field bias `learn-0`:")[1].split("- field bias")[0]
+    assert "the couplings add to sigmoid attention (h+J better than h): no significant difference" in learn0
+    assert "Best-tuned: softmax 7.100 ± 0.079" in shakespeare
+    brackets = conclusions.split("**brackets, T = 12, test accuracy**")[1]
+    assert "J alone is worse than softmax: significantly worse" in brackets
+
+
+def test_learned_bias_convergence_and_sensitivity(fair_report):
+    assert "Learned field bias at the end of training" in fair_report
+    learned = table_starting(fair_report, "Learned field bias at the end of training")
+    assert learned["learn-0 (starts at +0.00)"]["h+J"] == "-1.00 ± 0.00"  # write_run's field_bias
+    conv = fair_report.split("## Convergence: 4x longer training")[1].split("## Sensitivity")[0]
+    rows = table_after(conv, "**perplexity, all positions**")
+    assert set(rows) == {"4000", "16000"}
+    assert rows["16000"]["softmax"] == f"{np.mean([softmax_ppl(s) - 0.5 for s in SEEDS]):.3f} ± 0.079"
+    assert "convergence.png" in conv
+    sens = fair_report.split("## Sensitivity of J")[1].split("## Conclusions")[0]
+    rows = table_after(sens, "**shakespeare, h+J: perplexity, all positions**")
+    assert set(rows) == {"lr 1x, J = 0 at init", "lr 3x"}
+    assert rows["lr 3x"]["vs softmax (%)"].startswith("+2.50 [")
+
+
+def test_cli_report_picks_the_fair_report(tmp_path):
+    build_fair_results(tmp_path)
+    assert cli.main(["report", "--results", str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "README.md").read_text().startswith("# Fair baselines")
+    assert (tmp_path / "rep" / "convergence.png").stat().st_size < 200_000
