@@ -230,3 +230,23 @@ def test_dqa_gradients_from_samples():
     m = ising.marginals(h, None, mask=mask, method="dqa", num_samples=200, seed=1, trotter_steps=50)
     (grad,) = torch.autograd.grad((m * torch.randn(2, 3, dtype=DT, generator=g)).sum(), h)
     assert torch.isfinite(grad).all() and grad[0, 2] == 0
+
+
+@pytest.mark.parametrize("per_query_J", [False, True])
+def test_masked_distribution_equals_full_width_with_absent_spins_zeroed(per_query_J):
+    """Rows simulated on their present spins (grouped by width, n = 8 > the padded width 6) against the
+    full-width simulation with the absent spins' field and couplings zeroed: the same probabilities over all
+    2^n states, absent spins uniform."""
+    n = 8
+    h, J = random_problem(n, 4, 0.6, batch=(6,))
+    if per_query_J:
+        J = torch.stack([random_problem(n, 10 + q, 0.6)[1] for q in range(6)])
+    mask = torch.tensor([[1, 0, 1, 1, 0, 1, 1, 1], [1] * 8, [0] * 8, [0, 1, 1, 1, 1, 1, 1, 1],
+                         [1, 0, 1, 0, 0, 0, 0, 0], [1, 0, 1, 1, 0, 1, 1, 1]], dtype=torch.bool)
+    p = anneal_distribution(h, J, mask=mask, trotter_steps=40)
+    m = mask.to(DT)
+    for q in range(6):
+        Jq = (J[q] if per_query_J else J) * m[q][:, None] * m[q][None, :]
+        full = anneal_distribution(h[q] * m[q], Jq, trotter_steps=40)
+        assert torch.allclose(p[q], full, atol=1e-12), q
+    assert torch.allclose(p[2], torch.full((2 ** n,), 2.0 ** -n, dtype=DT))
