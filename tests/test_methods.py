@@ -43,3 +43,22 @@ def test_odd_sizes_agree_with_reference(method):
         J = symmetric_couplings(n, bandwidth=3)
         torch.testing.assert_close(ising.marginals(h, J, method=method), ising.marginals(h, J, method="reference"),
                                    atol=1e-11, rtol=0)
+
+
+def test_scaling_benchmark_rows_table_and_plot(tmp_path):
+    """The time-against-n benchmark runs every scalable method (exact only while it can) and plots."""
+    from boltzmann_attention import benchmark
+
+    rows = benchmark.scaling_rows(sizes=(6, 30), queries=3, bandwidth=2)
+    methods = {(r["method"], r["n"]) for r in rows}
+    assert ("exact", 6) in methods and ("exact", 30) not in methods
+    for m in ("banded", "meanfield", "tap", "gibbs", "pt"):
+        assert {(m, 6), (m, 30)} <= methods
+    assert all(r["seconds"] > 0 for r in rows)
+    table = benchmark.scaling_table(rows).splitlines()
+    assert table[0] == "| method | n = 6 | n = 30 |" and table[2].startswith("| exact | ") and table[2].endswith("|  |")
+    accuracy = [{"n": 12, "method": "exact", "options": "defaults", "seconds": 0.01, "max_error": 0.0,
+                 "mean_error": 0.0}]
+    assert "| 12 | exact | defaults | 0.010 | 0.00e+00 | 0.00e+00 |" in benchmark.accuracy_table(accuracy)
+    benchmark.plot_rows(accuracy, rows, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 1000

@@ -21,6 +21,7 @@ import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -200,7 +201,7 @@ def format_table(results: list[Result], stamp: dict) -> str:
     return "\n".join(lines)
 
 
-def accuracy_table(sizes=(12, 16), queries: int = 16, coupling_std: float = 0.3, seed: int = 0) -> str:
+def accuracy_rows(sizes=(12, 16), queries: int = 16, coupling_std: float = 0.3, seed: int = 0) -> list[dict]:
     """Marginal error against the float64 brute-force reference, and wall time, for every method (dense J).
 
     h ~ N(0, 1), J_jk ~ N(0, coupling_std^2) (symmetric, dense), float64, one call per row, 2 threads.
@@ -212,10 +213,10 @@ def accuracy_table(sizes=(12, 16), queries: int = 16, coupling_std: float = 0.3,
     torch.set_num_threads(2)
     settings = [("exact", {}), ("meanfield", {}), ("tap", {})]
     settings += [("gibbs", {"num_samples": s, "warmup": 100, "seed": 0}) for s in (100, 1000, 10000)]
-    settings += [("pt", {"num_samples": 1000, "warmup": 100, "seed": 0}),
-                 ("dqa", {"num_samples": 1000, "seed": 0}),
+    settings += [("pt", {"num_samples": s, "warmup": 100, "seed": 0}) for s in (100, 1000)]
+    settings += [("dqa", {"num_samples": 1000, "seed": 0}),
                  ("dqa", {"num_samples": 1000, "seed": 0, "anneal_time_ns": 1.0, "energy_scale": 0.25})]
-    lines = ["| n | method | options | seconds | max abs error | mean abs error |", "|---|---|---|---|---|---|"]
+    rows = []
     g = torch.Generator().manual_seed(seed)
     for n in sizes:
         h = torch.randn(queries, n, dtype=torch.float64, generator=g)
@@ -229,8 +230,98 @@ def accuracy_table(sizes=(12, 16), queries: int = 16, coupling_std: float = 0.3,
             seconds = time.perf_counter() - start
             err = (m - truth).abs()
             shown = ", ".join(f"{k}={v}" for k, v in options.items() if k != "seed") or "defaults"
-            lines.append(f"| {n} | {method} | {shown} | {seconds:.3f} | {err.max():.2e} | {err.mean():.2e} |")
+            rows.append({"n": n, "method": method, "options": shown, "seconds": seconds,
+                         "max_error": float(err.max()), "mean_error": float(err.mean())})
+    return rows
+
+
+def accuracy_table(rows: list[dict]) -> str:
+    lines = ["| n | method | options | seconds | max abs error | mean abs error |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['n']} | {r['method']} | {r['options']} | {r['seconds']:.3f} | {r['max_error']:.2e} | "
+              f"{r['mean_error']:.2e} |" for r in rows]
     return "\n".join(lines)
+
+
+def scaling_rows(sizes=(16, 32, 64, 128, 256), queries: int = 64, coupling_std: float = 0.3,
+                 bandwidth: int = 8, seed: int = 0) -> list[dict]:
+    """Forward time of one marginals call for Q = ``queries`` systems of n spins, for the methods that scale.
+
+    Couplings J_jk ~ N(0, (coupling_std / sqrt(bandwidth))^2) for 0 < |j - k| <= bandwidth, else 0, so every
+    method (banded included) solves the same problem; h ~ N(0, 1); float32, no gradient, 2 threads. Exact
+    enumeration runs where it can (n <= 24) for comparison. Sampler settings as in training
+    (experiments.PT_OPTIONS and friends): the cost is per call, so it is what one training step pays.
+    """
+    from . import ising
+
+    torch.set_num_threads(2)
+    settings = [("exact", {}), ("banded", {"bandwidth": bandwidth}), ("meanfield", {}), ("tap", {}),
+                ("gibbs", {"num_samples": 64, "warmup": 16, "seed": 0}),
+                ("pt", {"num_samples": 64, "warmup": 16, "num_replicas": 4, "seed": 0})]
+    rows = []
+    g = torch.Generator().manual_seed(seed)
+    for n in sizes:
+        h = torch.randn(queries, n, generator=g)
+        W = torch.randn(n, n, generator=g) * (coupling_std / bandwidth ** 0.5)
+        band = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs() <= bandwidth
+        J = (W.triu(1) + W.triu(1).T) * band
+        for method, options in settings:
+            if method == "exact" and n > 24:
+                continue
+            call = partial(ising.marginals, h, J, method=method, **options)
+            with torch.no_grad():
+                seconds = _timed(call, min_runs=2, budget_s=3.0)
+            rows.append({"n": n, "method": method, "seconds": seconds})
+    return rows
+
+
+def scaling_table(rows: list[dict]) -> str:
+    sizes = sorted({r["n"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cell = {(r["method"], r["n"]): r["seconds"] for r in rows}
+    lines = ["| method | " + " | ".join(f"n = {n}" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for m in methods:
+        lines.append(f"| {m} | " + " | ".join(f"{1e3 * cell[m, n]:.1f} ms" if (m, n) in cell else "" for n in sizes)
+                     + " |")
+    return "\n".join(lines)
+
+
+def plot_rows(accuracy: list[dict] | None, scaling: list[dict] | None, path: str) -> None:
+    """Left: marginal error against wall time (one marker per setting, per n); right: time against n."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = [p for p in (accuracy, scaling) if p]
+    fig = Figure(figsize=(4.2 * len(panels), 3.4), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    i = 0
+    if accuracy:
+        ax = axes[i]
+        i += 1
+        for n, marker in zip(sorted({r["n"] for r in accuracy}), "os^D"):
+            for r in (r for r in accuracy if r["n"] == n):
+                err = max(r["mean_error"], 1e-17)
+                ax.scatter(r["seconds"], err, marker=marker, s=18)
+                ax.annotate(f"{r['method']}" + ("" if r["options"] == "defaults" else f" {r['options'][:22]}"),
+                            (r["seconds"], err), fontsize=5)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("wall time per call (s)")
+        ax.set_ylabel("mean |error| of the marginals")
+        ax.set_title("error against time (o: n=12, s: n=16)", fontsize=8)
+    if scaling:
+        ax = axes[i]
+        for m in dict.fromkeys(r["method"] for r in scaling):
+            pts = sorted((r["n"], r["seconds"]) for r in scaling if r["method"] == m)
+            ax.plot(*zip(*pts), marker="o", ms=3, label=m)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("n (spins)")
+        ax.set_ylabel("forward time per call (s)")
+        ax.legend(fontsize=7)
+        ax.set_title("time against n (64 systems)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 def main(argv=None) -> None:
@@ -239,12 +330,24 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--accuracy", action="store_true",
                         help="instead: marginal error against exact and wall time of every method (n = 12, 16)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="instead (or with --accuracy): time against n = 16..256 for the methods that scale")
+    parser.add_argument("--plot", help="with --accuracy or --scaling: write their plot to this PNG")
     args = parser.parse_args(argv)
     stamp = machine_stamp()
-    if args.accuracy:
+    if args.accuracy or args.scaling:
         print(f"Machine: {stamp['cpu']}, {stamp['threads']} threads; torch {stamp['torch']}; "
               f"commit {stamp['commit']}; {stamp['date']}\n")
-        print(accuracy_table())
+        accuracy = accuracy_rows() if args.accuracy else None
+        scaling = scaling_rows() if args.scaling else None
+        for rows, table in ((accuracy, accuracy_table), (scaling, scaling_table)):
+            if rows:
+                print(table(rows) + "\n", flush=True)
+        if args.plot:
+            plot_rows(accuracy, scaling, args.plot)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": stamp, "accuracy": accuracy, "scaling": scaling}, f, indent=1)
         return
     results = []
     for case in default_cases(args.quick):

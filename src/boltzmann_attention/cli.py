@@ -63,8 +63,9 @@ def main(argv=None) -> int:
     p_report.add_argument("--out", default="report")
 
     p_repro = sub.add_parser("reproduce", help="sweep and report for the paper's tables")
-    p_repro.add_argument("--profile", choices=["quick", "full", "fair"], default="quick",
-                         help="quick: a smoke test; full: the paper's tables; fair: the fair-baselines study")
+    p_repro.add_argument("--profile", choices=experiments.PROFILES, default="quick",
+                         help="quick: a smoke test; full: the paper's tables; fair: the fair-baselines study; "
+                              "sampling: models trained through DQA, PT and Gibbs against exact")
     p_repro.add_argument("--field-bias", choices=sorted(experiments.FIELD_BIASES),
                          default=experiments.DEFAULT_FIELD_BIAS,
                          help=f"field bias of the Boltzmann modes (default {experiments.DEFAULT_FIELD_BIAS}, "
