@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .experiments import DEFAULT_FIELD_BIAS, FAIR_T, FIELD_BIASES, J_INIT_STD, J_LR_MULTIPLIERS
-from .report import ARCHIVE, Group, Results, _duration, _figure, _save, header_section, load_runs, md_table
+from .report import ARCHIVE, Group, Results, _duration, _figure, _finish, header_section, load_runs, md_table
 
 ALPHA = 0.05
 BOLTZMANN_MODES = ("h", "h+J", "J")
@@ -260,11 +260,7 @@ def plot_convergence(study: Study, variant: str, path: Path) -> None:
         if steps:
             ax.plot(steps, [np.mean([c[s] for c in curves]) for s in steps], marker="o", ms=3, color=color,
                     label=f"{mode} (n={len(curves)})")
-    ax.set_xlabel("step")
-    ax.set_ylabel("validation perplexity")
-    ax.legend(fontsize=8)
-    ax.set_title(f"Shakespeare T={FAIR_T}, 16000 steps", fontsize=9)
-    _save(fig, path)
+    _finish(fig, ax, "step", "validation perplexity", f"Shakespeare T={FAIR_T}, 16000 steps", path)
 
 
 def sensitivity_section(study: Study) -> list[str]:

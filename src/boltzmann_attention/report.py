@@ -663,6 +663,16 @@ def _save(fig, path: Path) -> None:
     fig.savefig(path, dpi=DPI)
 
 
+def _finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
+    """Labels, title and legend of a one-panel plot, then save it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=7)
+    _save(fig, path)
+
+
 def _style(mode: str, method: str) -> dict:
     return {"color": MODE_COLORS.get(mode, "tab:gray"), "linestyle": "-" if method == "exact" else "--"}
 
@@ -740,12 +750,7 @@ def plot_fits(res: Results, variant: str, fits: dict, path: Path) -> None:
             a, b, c = fit.params
             t = np.linspace(x.min(), x.max(), 100)
             ax.plot(t, a * np.exp(-b * t) + c, lw=1, **style)
-    ax.set_xlabel("T")
-    ax.set_ylabel("validation perplexity")
-    ax.set_title(f"shakespeare, {variant}: fit a·exp(-bT)+c", fontsize=9)
-    ax.tick_params(labelsize=8)
-    ax.legend(fontsize=7)
-    _save(fig, path)
+    _finish(fig, ax, "T", "validation perplexity", f"shakespeare, {variant}: fit a·exp(-bT)+c", path)
 
 
 def plot_couplings(sets: dict, task: str, path: Path) -> None:
@@ -787,12 +792,7 @@ def plot_distance(sets: dict, task: str, path: Path) -> None:
             std = profiles.std(axis=0, ddof=1)
             ax.fill_between(d, mean - std, mean + std, color=color, alpha=0.2, lw=0)
     ax.axhline(0, color="0.6", lw=0.8)
-    ax.set_xlabel("|j - k|")
-    ax.set_ylabel("mean J_jk")
-    ax.set_title(f"{task}: J against distance (band: ± std over seeds)", fontsize=9)
-    ax.tick_params(labelsize=8)
-    ax.legend(fontsize=7)
-    _save(fig, path)
+    _finish(fig, ax, "|j - k|", "mean J_jk", f"{task}: J against distance (band: ± std over seeds)", path)
 
 
 # ------------------------------------------------------------------------------------------ task sections
