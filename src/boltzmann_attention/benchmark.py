@@ -285,6 +285,14 @@ def scaling_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _short_options(options: str) -> str:
+    """'num_samples=1000, warmup=100' -> '1000'; DQA's non-default anneal -> '1 ns'."""
+    parts = dict(p.split("=", 1) for p in options.split(", ") if "=" in p)
+    if "anneal_time_ns" in parts:
+        return f"{float(parts['anneal_time_ns']):g} ns"
+    return parts.get("num_samples", "")
+
+
 def plot_rows(accuracy: list[dict] | None, scaling: list[dict] | None, path: str) -> None:
     """Left: marginal error against wall time (one marker per setting, per n); right: time against n."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -298,17 +306,22 @@ def plot_rows(accuracy: list[dict] | None, scaling: list[dict] | None, path: str
     if accuracy:
         ax = axes[i]
         i += 1
+        colors = {m: f"C{k}" for k, m in enumerate(dict.fromkeys(r["method"] for r in accuracy))}
         for n, marker in zip(sorted({r["n"] for r in accuracy}), "os^D"):
             for r in (r for r in accuracy if r["n"] == n):
                 err = max(r["mean_error"], 1e-17)
-                ax.scatter(r["seconds"], err, marker=marker, s=18)
-                ax.annotate(f"{r['method']}" + ("" if r["options"] == "defaults" else f" {r['options'][:22]}"),
-                            (r["seconds"], err), fontsize=5)
+                ax.scatter(r["seconds"], err, marker=marker, s=20, color=colors[r["method"]])
+                short = _short_options(r["options"])
+                if short:
+                    ax.annotate(short, (r["seconds"], err), fontsize=6, xytext=(3, 2), textcoords="offset points")
+        for m, color in colors.items():
+            ax.scatter([], [], color=color, label=m, s=20)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("wall time per call (s)")
         ax.set_ylabel("mean |error| of the marginals")
         ax.set_title("error against time (o: n=12, s: n=16)", fontsize=8)
+        ax.legend(fontsize=6)
     if scaling:
         ax = axes[i]
         for m in dict.fromkeys(r["method"] for r in scaling):
