@@ -52,7 +52,7 @@ def test_scaling_benchmark_rows_table_and_plot(tmp_path):
     rows = benchmark.scaling_rows(sizes=(6, 30), queries=3, bandwidth=2)
     methods = {(r["method"], r["n"]) for r in rows}
     assert ("exact", 6) in methods and ("exact", 30) not in methods
-    for m in ("banded", "meanfield", "tap", "gibbs", "pt"):
+    for m in ("banded", "meanfield", "tap", "gibbs", "pt", "sqa"):
         assert {(m, 6), (m, 30)} <= methods
     assert all(r["seconds"] > 0 for r in rows)
     table = benchmark.scaling_table(rows).splitlines()

@@ -215,7 +215,8 @@ def accuracy_rows(sizes=(12, 16), queries: int = 16, coupling_std: float = 0.3, 
     settings += [("gibbs", {"num_samples": s, "warmup": 100, "seed": 0}) for s in (100, 1000, 10000)]
     settings += [("pt", {"num_samples": s, "warmup": 100, "seed": 0}) for s in (100, 1000)]
     settings += [("dqa", {"num_samples": 1000, "seed": 0}),
-                 ("dqa", {"num_samples": 1000, "seed": 0, "anneal_time_ns": 1.0, "energy_scale": 0.25})]
+                 ("dqa", {"num_samples": 1000, "seed": 0, "anneal_time_ns": 1.0, "energy_scale": 0.25}),
+                 ("sqa", {"num_samples": 1024, "seed": 0})]
     rows = []
     g = torch.Generator().manual_seed(seed)
     for n in sizes:
@@ -256,7 +257,8 @@ def scaling_rows(sizes=(16, 32, 64, 128, 256), queries: int = 64, coupling_std: 
     torch.set_num_threads(2)
     settings = [("exact", {}), ("banded", {"bandwidth": bandwidth}), ("meanfield", {}), ("tap", {}),
                 ("gibbs", {"num_samples": 64, "warmup": 16, "seed": 0}),
-                ("pt", {"num_samples": 64, "warmup": 16, "num_replicas": 4, "seed": 0})]
+                ("pt", {"num_samples": 64, "warmup": 16, "num_replicas": 4, "seed": 0}),
+                ("sqa", {"num_samples": 64, "sweeps": 100, "trotter_slices": 16, "seed": 0})]
     rows = []
     g = torch.Generator().manual_seed(seed)
     for n in sizes:

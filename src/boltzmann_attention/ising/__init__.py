@@ -23,9 +23,10 @@ method         what                                                    limit
 ``gibbs``      Gibbs sampling (sequential heat bath), batched           any n, stochastic
 ``pt``         parallel tempering over a beta ladder                    any n, stochastic
 ``dqa``        simulated diabatic quantum annealing, then sampling      n <= 16, not Boltzmann
+``sqa``        simulated quantum annealing (path-integral MC)           any n, not Boltzmann
 =============  ======================================================  ====================
 
-Sampled methods (gibbs, pt, dqa, and any dimod sampler through :class:`DimodSampler`) take a
+Sampled methods (gibbs, pt, dqa, sqa, and any dimod sampler through :class:`DimodSampler`) take a
 ``gradient`` option: 'covariance' (fluctuation-dissipation from the same samples), 'ste' (a documented
 straight-through surrogate) or 'nudged' (a second sampling phase; works with any sampler). See
 ``_sampling.py``.
@@ -40,7 +41,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from . import annealing, banded, exact, mcmc, meanfield, reference
+from . import annealing, banded, exact, mcmc, meanfield, reference, sqa
 from ._inputs import check_inputs
 from .dimod_adapter import DimodSampler
 
@@ -64,6 +65,7 @@ METHODS: dict[str, tuple[Callable, Callable]] = {
     "gibbs": (mcmc.gibbs, mcmc.log_partition),
     "pt": (mcmc.pt, mcmc.log_partition),
     "dqa": (annealing.dqa_marginals, mcmc.log_partition),
+    "sqa": (sqa.sqa_marginals, mcmc.log_partition),
 }
 
 

@@ -296,6 +296,6 @@ def _no_extras(options: dict, full: str) -> None:
 
 def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, **options) -> Tensor:
     """Not available: raises ValueError (sampling at beta = 1 does not give log Z)."""
-    raise ValueError("the sampling methods ('gibbs', 'pt', 'dqa', dimod samplers) estimate marginals only; "
+    raise ValueError("the sampling methods ('gibbs', 'pt', 'dqa', 'sqa', dimod samplers) estimate marginals only; "
                      "sampling does not give log Z. Use method 'exact' (n <= 24) or 'banded' (banded J), "
                      "or 'meanfield' for an approximation.")
