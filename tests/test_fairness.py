@@ -148,6 +148,17 @@ def build_fair_results(root):
                       val=shakespeare_val(planted_ppl(rel, seed) - 0.5), **field_bias_config("learn-0", 12))
         write_run(root, "shakespeare", 12, "h+J", seed, variant="jlr3-bias-learn-0", coupling_lr_multiplier=3.0,
                   val=shakespeare_val(planted_ppl(2.5, seed)), **field_bias_config("learn-0", 12))
+        # brackets without the FFN: its own softmax (90%); h+J 95%, h 85%, J 70% under every bias
+        acc = {"loss": 0.4, "accuracy": 0.90}
+        write_run(root, "brackets", 12, "softmax", seed, variant="noffn-fair", val=acc, test=acc, d_ff=0)
+        for mode, a in (("h", 0.85), ("h+J", 0.95), ("J", 0.70)):
+            for bias in FIELD_BIASES:
+                acc = {"loss": 0.5 - a / 10 + 0.001 * seed, "accuracy": a + 0.001 * OFFSETS[seed]}
+                write_run(root, "brackets", 12, mode, seed, variant=f"noffn-bias-{bias}", val=acc, test=acc, d_ff=0,
+                          **field_bias_config(bias, 12))
+        acc = {"loss": 0.3, "accuracy": 0.97}
+        write_run(root, "brackets", 12, "h+J", seed, variant="noffn-jinit0.1-bias-learn-0", val=acc, test=acc,
+                  d_ff=0, coupling_init_std=0.1, **field_bias_config("learn-0", 12))
 
 
 @pytest.fixture(scope="module")
@@ -212,9 +223,25 @@ def test_learned_bias_convergence_and_sensitivity(fair_report):
     assert rows["16000"]["softmax"] == f"{np.mean([softmax_ppl(s) - 0.5 for s in SEEDS]):.3f} ± 0.079"
     assert "convergence.png" in conv
     sens = fair_report.split("## Sensitivity of J")[1].split("## Conclusions")[0]
-    rows = table_after(sens, "**shakespeare, h+J: perplexity, all positions**")
+    rows = table_after(sens, "**shakespeare, h+J, field bias learn-0: perplexity, all positions**")
     assert set(rows) == {"lr 1x, J = 0 at init", "lr 3x"}
     assert rows["lr 3x"]["vs softmax (%)"].startswith("+2.50 [")
+
+
+def test_brackets_without_the_ffn_pair_with_their_own_softmax(fair_report):
+    section = fair_report.split("### brackets without the FFN, T = 12: field-bias variants")[1]
+    versus = table_starting(section, "Against softmax (pts, positive = better; 95% CI;")
+    assert versus["fixed-0"]["h+J"].startswith("+5.00 [") and versus["learn-0"]["J"].startswith("-20.00 [")
+    loss = table_starting(section, "**test cross-entropy (millinats)**")
+    assert loss["softmax (no field)"]["h"] == "400.000 ± 0.000"
+    # loss difference in millinats: softmax 0.4 minus h+J's 0.5 - 0.095 + 0.001 s, mean over seeds 0..4
+    loss_vs = table_starting(section, "Against softmax (mnat, positive = better;")
+    assert loss_vs["fixed-0"]["h+J"].startswith(f"{(0.4 - (0.405 + 0.002)) * 1000:+.2f} [")
+    sens = fair_report.split("## Sensitivity of J")[1]
+    rows = table_starting(sens, "**brackets without the FFN, h+J, field bias learn-0: test accuracy**")
+    cell = rows["J ~ N(0, 0.1²) at init"]["vs reference (pts)"]
+    assert cell.startswith("+2.00 [+1.9") and cell.endswith("]**")
+    assert "**brackets without the FFN, T = 12, test accuracy**" in fair_report.split("## Conclusions")[1]
 
 
 def test_cli_report_picks_the_fair_report(tmp_path):

@@ -150,33 +150,50 @@ J_LR_MULTIPLIERS = (0.3, 3.0)   # besides 1.0, which is the bias study's run
 J_INIT_STD = 0.1                # "small random" couplings: N(0, 0.1^2), against 0 by default
 
 
+NOFFN = "noffn-"  # variant prefix of the brackets runs without the FFN (d_ff = 0)
+
+
 def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
     """The fair-baselines study, in the order it is run (the most important grids first).
 
     1. Every field-bias variant for h, h+J and J against one softmax baseline, at T = 12 on both tasks.
     2. Convergence: softmax, h and h+J trained 4x longer at T = 12 on Shakespeare.
-    3. Sensitivity of J at T = 12 on both tasks: its learning-rate multiplier and its initialisation.
-    4. The field-bias study again at T = 8 on Shakespeare.
-    Seeds are paired: a seed fixes the initialisation and the data order for every mode. Stages 2 and 3 use
-    ``field_bias`` (the default's variant); their 1x / zero-init counterpart is the stage-1 run.
+    3. The field-bias study on brackets without the FFN (T = 12), where the modes do not all reach 100%.
+    4. Sensitivity of J (h+J and J) at T = 12: its learning-rate multiplier and its initialisation, on
+       Shakespeare and on brackets without the FFN (with the FFN every mode saturates at T = 12).
+    5. The field-bias study again at T = 8 on Shakespeare.
+    Seeds are paired: a seed fixes the initialisation and the data order for every mode. Stages 2 and 4 use
+    ``field_bias`` (the default's variant); their 1x / zero-init counterpart is the bias-study run.
+    Variants: ``fair`` (softmax), ``bias-<b>``, ``long``, ``long-bias-<b>``, ``jlr<m>-bias-<b>``,
+    ``jinit<std>-bias-<b>``, each prefixed with NOFFN for the brackets runs without the FFN.
     """
     seeds, T, boltzmann = FAIR_SEEDS, FAIR_T, ("h", "h+J", "J")
+    settings = {"shakespeare": ("shakespeare", "", {}), "brackets": ("brackets", "", {}),
+                "brackets-noffn": ("brackets", NOFFN, {"d_ff": 0})}
 
-    def bias_study(task: str, Ts: tuple[int, ...]) -> list[Grid]:
-        return [Grid((task,), Ts, modes=("softmax",), seeds=seeds, variant="fair")] + [
-            Grid((task,), Ts, modes=boltzmann, seeds=seeds, variant=f"bias-{b}", field_bias=b) for b in FIELD_BIASES]
+    def bias_study(setting: str, Ts: tuple[int, ...]) -> list[Grid]:
+        task, prefix, overrides = settings[setting]
+        return [Grid((task,), Ts, modes=("softmax",), seeds=seeds, variant=f"{prefix}fair", overrides=overrides)] + [
+            Grid((task,), Ts, modes=boltzmann, seeds=seeds, variant=f"{prefix}bias-{b}", overrides=overrides,
+                 field_bias=b) for b in FIELD_BIASES]
+
+    def sensitivity(setting: str, mode: str) -> list[Grid]:
+        task, prefix, overrides = settings[setting]
+        grids = [Grid((task,), (T,), modes=(mode,), seeds=seeds, variant=f"{prefix}jlr{m:g}-bias-{field_bias}",
+                      overrides={**overrides, "coupling_lr_multiplier": m}, field_bias=field_bias)
+                 for m in J_LR_MULTIPLIERS]
+        return grids + [Grid((task,), (T,), modes=(mode,), seeds=seeds,
+                             variant=f"{prefix}jinit{J_INIT_STD:g}-bias-{field_bias}",
+                             overrides={**overrides, "coupling_init_std": J_INIT_STD}, field_bias=field_bias)]
 
     grids = bias_study("shakespeare", (T,)) + bias_study("brackets", (T,))
     grids.append(Grid(("shakespeare",), (T,), modes=("softmax",), seeds=seeds, variant="long",
                       overrides={"steps": 16000}))
     grids.append(Grid(("shakespeare",), (T,), modes=("h", "h+J"), seeds=seeds, variant=f"long-bias-{field_bias}",
                       overrides={"steps": 16000}, field_bias=field_bias))
-    for modes in (("h+J",), ("J",)):
-        for task in ("shakespeare", "brackets"):
-            grids += [Grid((task,), (T,), modes=modes, seeds=seeds, variant=f"jlr{m:g}-bias-{field_bias}",
-                           overrides={"coupling_lr_multiplier": m}, field_bias=field_bias) for m in J_LR_MULTIPLIERS]
-            grids.append(Grid((task,), (T,), modes=modes, seeds=seeds, variant=f"jinit{J_INIT_STD:g}-bias-{field_bias}",
-                              overrides={"coupling_init_std": J_INIT_STD}, field_bias=field_bias))
+    grids += bias_study("brackets-noffn", (T,))
+    for mode in ("h+J", "J"):
+        grids += sensitivity("shakespeare", mode) + sensitivity("brackets-noffn", mode)
     return grids + bias_study("shakespeare", (8,))
 
 

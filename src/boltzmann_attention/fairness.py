@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .experiments import DEFAULT_FIELD_BIAS, FAIR_T, FIELD_BIASES, J_INIT_STD, J_LR_MULTIPLIERS
+from .experiments import DEFAULT_FIELD_BIAS, FAIR_T, FIELD_BIASES, J_INIT_STD, J_LR_MULTIPLIERS, NOFFN
 from .report import ARCHIVE, Group, Results, _duration, _figure, _finish, header_section, load_runs, md_table
 
 ALPHA = 0.05
@@ -98,6 +98,12 @@ def points(reference: float, other: float) -> float:
     return (other - reference) * 100.0
 
 
+def millinats(reference: float, other: float) -> float:
+    """(reference - other) x 1000: a loss difference in millinats, positive when ``other`` is lower. (A
+    relative difference would explode where the losses are near 0, as on saturated brackets.)"""
+    return (reference - other) * 1000.0
+
+
 @dataclass(frozen=True)
 class Metric:
     key: str
@@ -113,7 +119,7 @@ METRICS = {
     "shakespeare": (Metric("ppl", "val", "perplexity, all positions", relative, "%", 1.0, True),
                     Metric("ppl_last", "val", "perplexity, last position", relative, "%", 1.0, True)),
     "brackets": (Metric("accuracy", "test", "test accuracy", points, "pts", 100.0, False),
-                 Metric("loss", "test", "test cross-entropy", relative, "%", 1.0, True)),
+                 Metric("loss", "test", "test cross-entropy (millinats)", millinats, "mnat", 1000.0, True)),
 }
 
 
@@ -138,8 +144,15 @@ def _table_with_holm(header: list[str], cells: list[list[str | Paired | None]]) 
     return md_table(header, rows)
 
 
+PREFIXES = ("", NOFFN)  # settings of the study: as is, and (brackets) without the FFN
+
+
+def _setting(task: str, prefix: str) -> str:
+    return f"{task} without the FFN" if prefix == NOFFN else task
+
+
 class Study:
-    """The runs of the fair study, looked up by (task, T, mode, variant)."""
+    """The runs of the fair study, looked up by (task, T, mode, variant); ``prefix`` selects the setting."""
 
     def __init__(self, res: Results):
         self.res = res
@@ -147,20 +160,23 @@ class Study:
     def group(self, task: str, T: int, mode: str, variant: str) -> Group | None:
         return self.res.get(task, variant, T, mode, "exact")
 
-    def softmax(self, task: str, T: int, long: bool = False) -> Group | None:
-        return self.group(task, T, "softmax", "long" if long else "fair")
+    def softmax(self, task: str, T: int, long: bool = False, prefix: str = "") -> Group | None:
+        return self.group(task, T, "softmax", "long" if long else f"{prefix}fair")
 
-    def biased(self, task: str, T: int, mode: str, bias: str) -> Group | None:
-        return self.group(task, T, mode, f"bias-{bias}")
+    def biased(self, task: str, T: int, mode: str, bias: str, prefix: str = "") -> Group | None:
+        return self.group(task, T, mode, f"{prefix}bias-{bias}")
 
-    def bias_Ts(self, task: str) -> list[int]:
-        return sorted({k[2] for k in self.res.groups if k[0] == task and k[1].startswith("bias-")})
+    def settings(self) -> list[tuple[str, int, str]]:
+        """(task, T, prefix) of every bias study present, Shakespeare first."""
+        found = {(k[0], k[2], p) for k in self.res.groups for p in PREFIXES
+                 if any(k[1] == f"{p}bias-{b}" for b in FIELD_BIASES)}
+        return sorted(found, key=lambda s: (s[0] != "shakespeare", s[0], s[2], -s[1]))
 
-    def best_bias(self, task: str, T: int, mode: str, m: Metric) -> str | None:
+    def best_bias(self, task: str, T: int, mode: str, m: Metric, prefix: str = "") -> str | None:
         """The bias variant with the best mean of metric m (selected on the same seeds: optimistic)."""
         means = {}
         for b in FIELD_BIASES:
-            v = _values(self.biased(task, T, mode, b), m)
+            v = _values(self.biased(task, T, mode, b, prefix), m)
             if v:
                 means[b] = float(np.mean(list(v.values())))
         if not means:
@@ -169,40 +185,39 @@ class Study:
         return pick(means, key=means.get)
 
 
-def bias_section(study: Study, task: str, T: int) -> list[str]:
-    lines = [f"### {task}, T = {T}: field-bias variants", ""]
+def bias_section(study: Study, task: str, T: int, prefix: str = "") -> list[str]:
+    lines = [f"### {_setting(task, prefix)}, T = {T}: field-bias variants", ""]
+
+    def values(mode: str, bias: str | None, m: Metric) -> dict[int, float]:
+        return _values(study.biased(task, T, mode, bias, prefix), m) if bias else {}
+
     for m in METRICS[task]:
-        base = _values(study.softmax(task, T), m)
+        base = _values(study.softmax(task, T, prefix=prefix), m)
         absolute = [["softmax (no field)", _absolute(base, m), "", ""]]
         versus, adds = [], []
         for b in FIELD_BIASES:
-            groups = {mode: study.biased(task, T, mode, b) for mode in BOLTZMANN_MODES}
-            vals = {mode: _values(g, m) for mode, g in groups.items()}
+            vals = {mode: values(mode, b, m) for mode in BOLTZMANN_MODES}
             absolute.append([b] + [_absolute(vals[mode], m) for mode in BOLTZMANN_MODES])
-            versus.append([b] + [paired(base, vals[mode], m.diff)
-                                 for mode in BOLTZMANN_MODES])
+            versus.append([b] + [paired(base, vals[mode], m.diff) for mode in BOLTZMANN_MODES])
             adds.append([b, paired(vals["h"], vals["h+J"], m.diff)])
-        best = {mode: study.best_bias(task, T, mode, m) for mode in BOLTZMANN_MODES}
-        best_row = ["best variant per mode"] + [
-            paired(base, _values(study.biased(task, T, mode, best[mode]), m), m.diff) if best[mode] else None
-            for mode in BOLTZMANN_MODES]
+        best = {mode: study.best_bias(task, T, mode, m, prefix) for mode in BOLTZMANN_MODES}
+        versus.append(["best variant per mode"] + [paired(base, values(mode, best[mode], m), m.diff)
+                                                   for mode in BOLTZMANN_MODES])
         if best["h"] and best["h+J"]:
             adds.append([f"best h+J ({best['h+J']}) vs best h ({best['h']})",
-                         paired(_values(study.biased(task, T, "h", best["h"]), m),
-                                _values(study.biased(task, T, "h+J", best["h+J"]), m), m.diff)])
+                         paired(values("h", best["h"], m), values("h+J", best["h+J"], m), m.diff)])
         unit = f"{m.unit}, positive = better"
         lines += [f"**{m.title}** (mean ± std over seeds)", "",
                   md_table(["field bias", *BOLTZMANN_MODES], absolute), "",
                   f"Against softmax ({unit}; 95% CI; best variants: "
                   + ", ".join(f"{mode} {best[mode]}" for mode in BOLTZMANN_MODES if best[mode]) + "):", "",
-                  _table_with_holm(["field bias", *BOLTZMANN_MODES], versus + [best_row]), "",
+                  _table_with_holm(["field bias", *BOLTZMANN_MODES], versus), "",
                   f"What J adds: h+J against h with the same field bias ({unit}; 95% CI):", "",
                   _table_with_holm(["field bias", "h+J vs h"], adds), ""]
-    lines += learned_bias_table(study, task, T)
-    return lines
+    return lines + learned_bias_table(study, task, T, prefix)
 
 
-def learned_bias_table(study: Study, task: str, T: int) -> list[str]:
+def learned_bias_table(study: Study, task: str, T: int, prefix: str = "") -> list[str]:
     """Where the learnable field biases end up, against the -½ log T = sigmoid attention's logit -log T."""
     rows = []
     for b, (learnable, coefficient) in FIELD_BIASES.items():
@@ -210,7 +225,7 @@ def learned_bias_table(study: Study, task: str, T: int) -> list[str]:
             continue
         cells = [f"{b} (starts at {coefficient * math.log(T):+.2f})"]
         for mode in BOLTZMANN_MODES:
-            g = study.biased(task, T, mode, b)
+            g = study.biased(task, T, mode, b, prefix)
             finals = [r.raw["field_bias"][0] for r in g.runs.values() if r.raw.get("field_bias")] if g else []
             cells.append(f"{np.mean(finals):+.2f} ± {np.std(finals, ddof=1):.2f}" if len(finals) > 1 else "")
         rows.append(cells)
@@ -265,31 +280,35 @@ def plot_convergence(study: Study, variant: str, path: Path) -> None:
 
 def sensitivity_section(study: Study) -> list[str]:
     T = FAIR_T
-    variants = sorted({k[1] for k in study.res.groups if k[1].startswith(("jlr", "jinit"))})
-    if not variants:
-        return []
-    bias = variants[0].split("-bias-", 1)[1]
-    settings = [("lr 1x, J = 0 at init", f"bias-{bias}")]
-    settings += [(f"lr {m:g}x", f"jlr{m:g}-bias-{bias}") for m in J_LR_MULTIPLIERS]
-    settings.append((f"J ~ N(0, {J_INIT_STD:g}²) at init", f"jinit{J_INIT_STD:g}-bias-{bias}"))
-    lines = ["## Sensitivity of J", "",
-             f"T = {T}, field bias {bias}. The learning rate of J is lr x multiplier; the reference row is the "
-             "bias study's run (multiplier 1, J = 0 at initialisation).", ""]
-    for task in ("shakespeare", "brackets"):
+    lines = []
+    for task, prefix in (("shakespeare", ""), ("brackets", NOFFN), ("brackets", "")):
+        variants = sorted({k[1] for k in study.res.groups
+                           if k[0] == task and k[1].startswith((f"{prefix}jlr", f"{prefix}jinit"))})
+        if not variants:
+            continue
+        bias = variants[0].split("-bias-", 1)[1]
+        settings = [("lr 1x, J = 0 at init", f"{prefix}bias-{bias}")]
+        settings += [(f"lr {m:g}x", f"{prefix}jlr{m:g}-bias-{bias}") for m in J_LR_MULTIPLIERS]
+        settings.append((f"J ~ N(0, {J_INIT_STD:g}²) at init", f"{prefix}jinit{J_INIT_STD:g}-bias-{bias}"))
         for mode in ("h+J", "J"):
-            m = METRICS[task][0]
-            soft = _values(study.softmax(task, T), m)
-            reference = _values(study.group(task, T, mode, settings[0][1]), m)
-            rows = []
-            for label, variant in settings:
-                v = _values(study.group(task, T, mode, variant), m)
-                if not v:
-                    continue
-                rows.append([label, _absolute(v, m), paired(reference, v, m.diff), paired(soft, v, m.diff)])
-            if len(rows) > 1:
-                lines += [f"**{task}, {mode}: {m.title}**", "", _table_with_holm(
-                    ["J setting", m.title, f"vs reference ({m.unit})", f"vs softmax ({m.unit})"], rows), ""]
-    return lines
+            for m in METRICS[task]:
+                soft = _values(study.softmax(task, T, prefix=prefix), m)
+                reference = _values(study.group(task, T, mode, settings[0][1]), m)
+                rows = []
+                for label, variant in settings:
+                    v = _values(study.group(task, T, mode, variant), m)
+                    if v:
+                        rows.append([label, _absolute(v, m), paired(reference, v, m.diff), paired(soft, v, m.diff)])
+                if len(rows) > 1:
+                    lines += [f"**{_setting(task, prefix)}, {mode}, field bias {bias}: {m.title}**", "",
+                              _table_with_holm(["J setting", m.title, f"vs reference ({m.unit})",
+                                                f"vs softmax ({m.unit})"], rows), ""]
+    if not lines:
+        return []
+    return ["## Sensitivity of J", "",
+            f"T = {T}. The learning rate of J is lr x multiplier; the reference row is the bias study's run "
+            "(multiplier 1, J = 0 at initialisation). Brackets are run without the FFN, where the modes do not "
+            "all reach 100%.", ""] + lines
 
 
 # ------------------------------------------------------------------------------------------------ conclusions
@@ -310,36 +329,33 @@ def _claim(text: str, c: Paired | None, expect: str, unit: str) -> str:
 
 def conclusions_section(study: Study) -> list[str]:
     lines = ["## Conclusions, claim by claim", "",
-             "Each line is one paired comparison over seeds at the paper's T, with its 95% CI; 'significant' is "
+             "Each line is one paired comparison over seeds, with its 95% CI; 'significant' is "
              f"p < {ALPHA} without a multiple-comparison correction (the tables above add the Holm marks).", ""]
-    for task in ("shakespeare", "brackets"):
-        for T in study.bias_Ts(task):
-            m = METRICS[task][0]
-            unit = m.unit
-            base = _values(study.softmax(task, T), m)
-            lines += [f"**{task}, T = {T}, {m.title}**", ""]
-            for b in FIELD_BIASES:
-                vals = {mode: _values(study.biased(task, T, mode, b), m) for mode in BOLTZMANN_MODES}
-                if not any(vals.values()):
-                    continue
-                claims = [
-                    ("h (sigmoid) is worse than softmax", paired(base, vals["h"], m.diff), "worse"),
-                    ("h+J is better than softmax", paired(base, vals["h+J"], m.diff), "better"),
-                    ("the couplings add to sigmoid attention (h+J better than h)",
-                     paired(vals["h"], vals["h+J"], m.diff), "better"),
-                    ("J alone is worse than softmax", paired(base, vals["J"], m.diff), "worse"),
-                ]
-                lines.append(f"- field bias `{b}`:")
-                lines += [f"  - {_claim(text, c, expect, unit)}" for text, c, expect in claims]
-            best = {mode: study.best_bias(task, T, mode, m) for mode in BOLTZMANN_MODES}
-            reach = []
-            for mode in BOLTZMANN_MODES:
-                if best[mode]:
-                    v = _values(study.biased(task, T, mode, best[mode]), m)
-                    reach.append(f"{mode} {_absolute(v, m)} ({best[mode]})")
-            if reach:
-                lines += [f"- Best-tuned: softmax {_absolute(base, m)}; " + "; ".join(reach)
-                          + " (best of the bias variants on the same seeds, so slightly optimistic).", ""]
+    for task, T, prefix in study.settings():
+        m = METRICS[task][0]
+        base = _values(study.softmax(task, T, prefix=prefix), m)
+        lines += [f"**{_setting(task, prefix)}, T = {T}, {m.title}**", ""]
+        for b in FIELD_BIASES:
+            vals = {mode: _values(study.biased(task, T, mode, b, prefix), m) for mode in BOLTZMANN_MODES}
+            if not any(vals.values()):
+                continue
+            claims = [
+                ("h (sigmoid) is worse than softmax", paired(base, vals["h"], m.diff), "worse"),
+                ("h+J is better than softmax", paired(base, vals["h+J"], m.diff), "better"),
+                ("the couplings add to sigmoid attention (h+J better than h)",
+                 paired(vals["h"], vals["h+J"], m.diff), "better"),
+                ("J alone is worse than softmax", paired(base, vals["J"], m.diff), "worse"),
+            ]
+            lines.append(f"- field bias `{b}`:")
+            lines += [f"  - {_claim(text, c, expect, m.unit)}" for text, c, expect in claims]
+        reach = []
+        for mode in BOLTZMANN_MODES:
+            best = study.best_bias(task, T, mode, m, prefix)
+            if best:
+                reach.append(f"{mode} {_absolute(_values(study.biased(task, T, mode, best, prefix), m), m)} ({best})")
+        if reach:
+            lines += [f"- Best-tuned: softmax {_absolute(base, m)}; " + "; ".join(reach)
+                      + " (best of the bias variants on the same seeds, so slightly optimistic).", ""]
     return lines
 
 
@@ -364,9 +380,8 @@ def write_fair_report(results_dir: str | Path, out_dir: str | Path) -> Path:
         + f". The library's default is `{DEFAULT_FIELD_BIAS}`. With `fixed-0` the J-only mode has no field at all, "
           "so every marginal is 0 by the s -> -s symmetry and every weight is ½ whatever J is.", "",
         "## Field bias", ""]
-    for task in ("shakespeare", "brackets"):
-        for T in study.bias_Ts(task):
-            lines += bias_section(study, task, T)
+    for task, T, prefix in study.settings():
+        lines += bias_section(study, task, T, prefix)
     lines += convergence_section(study, out)
     lines += sensitivity_section(study)
     lines += conclusions_section(study)
@@ -377,4 +392,4 @@ def write_fair_report(results_dir: str | Path, out_dir: str | Path) -> Path:
 
 def is_fair_study(results_dir: str | Path) -> bool:
     """True when a results folder or archive holds runs of the fair study (variants named bias-*)."""
-    return any(r.variant.startswith("bias-") for r in load_runs(results_dir))
+    return any(r.variant.startswith(tuple(f"{p}bias-" for p in PREFIXES)) for r in load_runs(results_dir))
