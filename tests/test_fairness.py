@@ -249,3 +249,11 @@ def test_cli_report_picks_the_fair_report(tmp_path):
     assert cli.main(["report", "--results", str(tmp_path), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "README.md").read_text().startswith("# Fair baselines")
     assert (tmp_path / "rep" / "convergence.png").stat().st_size < 200_000
+
+
+def test_variants_against_the_default(fair_report):
+    table = table_starting(fair_report, "Each variant against the default `learn-half-log-T`, same mode (%")
+    assert set(table) == {"fixed-0", "learn-0", "fixed-log-T"}
+    # planted: h is +1 under learn-half-log-T and -5 under fixed-log-T, on the same per-seed offsets
+    expected = np.mean([(planted_ppl(1.0, s) - planted_ppl(-5.0, s)) / planted_ppl(1.0, s) * 100 for s in SEEDS])
+    assert table["fixed-log-T"]["h"].startswith(f"{expected:+.2f} [")

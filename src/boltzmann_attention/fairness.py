@@ -194,12 +194,15 @@ def bias_section(study: Study, task: str, T: int, prefix: str = "") -> list[str]
     for m in METRICS[task]:
         base = _values(study.softmax(task, T, prefix=prefix), m)
         absolute = [["softmax (no field)", _absolute(base, m), "", ""]]
-        versus, adds = [], []
+        versus, adds, against_default = [], [], []
+        default = {mode: values(mode, DEFAULT_FIELD_BIAS, m) for mode in BOLTZMANN_MODES}
         for b in FIELD_BIASES:
             vals = {mode: values(mode, b, m) for mode in BOLTZMANN_MODES}
             absolute.append([b] + [_absolute(vals[mode], m) for mode in BOLTZMANN_MODES])
             versus.append([b] + [paired(base, vals[mode], m.diff) for mode in BOLTZMANN_MODES])
             adds.append([b, paired(vals["h"], vals["h+J"], m.diff)])
+            if b != DEFAULT_FIELD_BIAS:
+                against_default.append([b] + [paired(default[mode], vals[mode], m.diff) for mode in BOLTZMANN_MODES])
         best = {mode: study.best_bias(task, T, mode, m, prefix) for mode in BOLTZMANN_MODES}
         versus.append(["best variant per mode"] + [paired(base, values(mode, best[mode], m), m.diff)
                                                    for mode in BOLTZMANN_MODES])
@@ -213,7 +216,9 @@ def bias_section(study: Study, task: str, T: int, prefix: str = "") -> list[str]
                   + ", ".join(f"{mode} {best[mode]}" for mode in BOLTZMANN_MODES if best[mode]) + "):", "",
                   _table_with_holm(["field bias", *BOLTZMANN_MODES], versus), "",
                   f"What J adds: h+J against h with the same field bias ({unit}; 95% CI):", "",
-                  _table_with_holm(["field bias", "h+J vs h"], adds), ""]
+                  _table_with_holm(["field bias", "h+J vs h"], adds), "",
+                  f"Each variant against the default `{DEFAULT_FIELD_BIAS}`, same mode ({unit}; 95% CI):", "",
+                  _table_with_holm(["field bias", *BOLTZMANN_MODES], against_default), ""]
     return lines + learned_bias_table(study, task, T, prefix)
 
 
