@@ -209,6 +209,10 @@ def test_conclusions_state_each_claim(fair_report):
     learn0 = shakespeare.split("- field bias `learn-0`:")[1].split("- field bias")[0]
     assert "the couplings add to sigmoid attention (h+J better than h): no significant difference" in learn0
     assert "Best-tuned: softmax 7.100 ± 0.079" in shakespeare
+    long = conclusions.split("4x longer training (16000 steps, `long-bias-learn-0`)**")[1]
+    # planted: h about +1% and h+J about +3% better than softmax (all three 0.5 lower in PPL than at 4000 steps)
+    assert "- h+J is better than softmax: significantly better" in long
+    assert "- h (sigmoid) is worse than softmax: significantly better (+1.08 [" in long and "contradicted" in long
     brackets = conclusions.split("**brackets, T = 12, test accuracy**")[1]
     assert "J alone is worse than softmax: significantly worse" in brackets
 

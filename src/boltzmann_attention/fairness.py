@@ -361,7 +361,22 @@ def conclusions_section(study: Study) -> list[str]:
         if reach:
             lines += [f"- Best-tuned: softmax {_absolute(base, m)}; " + "; ".join(reach)
                       + " (best of the bias variants on the same seeds, so slightly optimistic).", ""]
-    return lines
+    return lines + _convergence_claims(study)
+
+
+def _convergence_claims(study: Study) -> list[str]:
+    """The same claims after 4x the training steps (Shakespeare, T = FAIR_T, all positions)."""
+    task, T, m = "shakespeare", FAIR_T, METRICS["shakespeare"][0]
+    long_variants = sorted({k[1] for k in study.res.groups if k[1].startswith("long-bias-")})
+    soft = _values(study.softmax(task, T, long=True), m)
+    if not long_variants or not soft:
+        return []
+    h, hj = (_values(study.group(task, T, mode, long_variants[0]), m) for mode in ("h", "h+J"))
+    claims = [("h (sigmoid) is worse than softmax", paired(soft, h, m.diff), "worse"),
+              ("h+J is better than softmax", paired(soft, hj, m.diff), "better"),
+              ("the couplings add to sigmoid attention (h+J better than h)", paired(h, hj, m.diff), "better")]
+    return [f"**{task}, T = {T}, {m.title}, 4x longer training (16000 steps, `{long_variants[0]}`)**", ""] + [
+        f"- {_claim(text, c, expect, m.unit)}" for text, c, expect in claims] + [""]
 
 
 # ------------------------------------------------------------------------------------------------------ write
