@@ -85,9 +85,10 @@ def run_name(cfg: TrainConfig, variant: str = "base") -> str:
 
 def profile(name: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
     """The grids of a profile. 'quick' fits in about 15 minutes on 2 cores; 'full' is the paper's tables;
-    'fair' is the fair-baselines study (:func:`fair_grids`). ``field_bias`` (a key of FIELD_BIASES) sets the
-    field bias of every Boltzmann mode in 'quick' and 'full', and of the convergence and J-sensitivity runs in
-    'fair' (its bias study runs every variant)."""
+    'fair' is the fair-baselines study (:func:`fair_grids`); 'sampling' trains through samplers
+    (:func:`sampling_grids`). ``field_bias`` (a key of FIELD_BIASES) sets the field bias of every Boltzmann
+    mode in 'quick', 'full' and 'sampling', and of the convergence and J-sensitivity runs in 'fair' (its bias
+    study runs every variant)."""
     field_bias_config(field_bias, 2)  # validates the name
     if name == "fair":
         return fair_grids(field_bias)
@@ -147,8 +148,6 @@ FAIR_SEEDS = (0, 1, 2, 3, 4)
 FAIR_T = 12
 J_LR_MULTIPLIERS = (0.3, 3.0)   # besides 1.0, which is the bias study's run
 J_INIT_STD = 0.1                # "small random" couplings: N(0, 0.1^2), against 0 by default
-
-
 NOFFN = "noffn-"  # variant prefix of the brackets runs without the FFN (d_ff = 0)
 
 
