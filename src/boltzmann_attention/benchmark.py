@@ -249,15 +249,19 @@ def scaling_rows(sizes=(16, 32, 64, 128, 256), queries: int = 64, coupling_std: 
 
     Couplings J_jk ~ N(0, (coupling_std / sqrt(bandwidth))^2) for 0 < |j - k| <= bandwidth, else 0, so every
     method (banded included) solves the same problem; h ~ N(0, 1); float32, no gradient, 2 threads. Exact
-    enumeration runs where it can (n <= 24) for comparison. Sampler settings as in training
-    (experiments.PT_OPTIONS and friends): the cost is per call, so it is what one training step pays.
+    enumeration runs where it can (n <= 24) for comparison. Gibbs and PT sample as in the 'sampling'
+    profile's training runs (experiments.NUDGED_OPTIONS, PT_OPTIONS), so the cost is what one training step
+    pays per call; SQA (not trained here) runs 100 sweeps with 16 slices.
     """
     from . import ising
+    from .experiments import NUDGED_OPTIONS, PT_OPTIONS
+
+    def sampling(options: dict) -> dict:  # forward only: the gradient option does not apply
+        return {k: v for k, v in options.items() if k != "gradient"} | {"seed": 0}
 
     torch.set_num_threads(2)
     settings = [("exact", {}), ("banded", {"bandwidth": bandwidth}), ("meanfield", {}), ("tap", {}),
-                ("gibbs", {"num_samples": 64, "warmup": 16, "seed": 0}),
-                ("pt", {"num_samples": 64, "warmup": 16, "num_replicas": 4, "seed": 0}),
+                ("gibbs", sampling(NUDGED_OPTIONS)), ("pt", sampling(PT_OPTIONS)),
                 ("sqa", {"num_samples": 64, "sweeps": 100, "trotter_slices": 16, "seed": 0})]
     rows = []
     g = torch.Generator().manual_seed(seed)
