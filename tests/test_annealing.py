@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.linalg
 import torch
 
 from boltzmann_attention.ising import annealing, reference
@@ -107,14 +108,25 @@ def test_schedules():
     assert a[0] == pytest.approx(1.0) and b[1] == pytest.approx(2.0)
 
 
-def test_walsh_hadamard_matches_kronecker():
-    for n in (1, 5, 9):  # radix-16 blocks plus a remainder block
+def test_mixer_matches_dense_exponential_and_walsh_hadamard_form():
+    """exp(i theta sum_j X_j) in blocks of 4 bits = scipy's dense expm = W D W / 2^n (W the Hadamard)."""
+    X = np.array([[0.0, 1.0], [1.0, 0.0]])
+    H1 = np.array([[1.0, 1.0], [1.0, -1.0]])
+    for n in (1, 5, 9):  # whole 4-bit blocks plus a remainder block
+        theta = 0.37 + 0.1 * n
         x = torch.randn(3, 2**n, dtype=torch.complex128, generator=gen(n))
-        H1 = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.complex128)
-        H = torch.ones(1, 1, dtype=torch.complex128)
+        sizes = [min(4, n - d) for d in range(0, n, 4)]
+        blocks = [annealing._rotations(np.array([theta]), k, "cpu")[0] for k in sizes]
+        got = annealing._mix(x, blocks)
+        sum_x = sum(np.kron(np.kron(np.eye(2**(n - 1 - j)), X), np.eye(2**j)) for j in range(n))
+        dense = torch.from_numpy(scipy.linalg.expm(1j * theta * sum_x))
+        assert torch.allclose(got, x @ dense.T, atol=1e-12)
+        W = np.ones((1, 1))
         for _ in range(n):
-            H = torch.kron(H1, H)
-        assert torch.allclose(annealing._wht(x), x @ H.T, atol=1e-12)
+            W = np.kron(H1, W)
+        x_eigen = n - 2 * np.array([bin(c).count("1") for c in range(2**n)])
+        hadamard_form = W @ np.diag(np.exp(1j * theta * x_eigen)) @ W / 2**n
+        assert np.allclose(hadamard_form, dense.numpy(), atol=1e-12)
 
 
 def test_batching_and_energy_scale():
