@@ -13,7 +13,7 @@ import torch
 from boltzmann_attention import cli
 from boltzmann_attention.experiments import Grid, profile, run_name, sweep
 from boltzmann_attention.model import Model, ModelConfig
-from boltzmann_attention.train import TrainConfig, train
+from boltzmann_attention.train import TrainConfig, marginals_method, train
 
 SMALL = dict(steps=40, batch_size=16, eval_interval=20, eval_windows=64, d_model=16, d_ff=32, warmup_steps=5)
 
@@ -176,3 +176,23 @@ def test_sampled_methods_train_end_to_end(mode, method, options):
     initial = train(replace(cfg, steps=1, eval_interval=1), progress=False)
     assert result["metrics"]["val"]["loss"] < initial["metrics"]["val"]["loss"]
     assert torch.tensor(result["couplings"]).ne(torch.tensor(initial["couplings"])).any()
+    # the same weights are also evaluated with exact marginals (brackets: val and test)
+    assert set(result["metrics"]) == {"val", "test", "val_exact", "test_exact"}
+    assert 0.0 <= result["metrics"]["test_exact"]["accuracy"] <= 1.0
+
+
+def test_marginals_method_swaps_and_restores():
+    """Inside marginals_method(model, 'exact') a DQA model computes what the same weights built with
+    method='exact' compute; afterwards it samples again."""
+    torch.manual_seed(0)
+    cfg = TrainConfig(task="brackets", T=4, method="dqa", method_options={"num_samples": 8}, **SMALL)
+    sampled = Model(cfg.model_config(vocab_size=12)).eval()
+    exact = Model(replace(cfg, method="exact", method_options={}).model_config(vocab_size=12)).eval()
+    exact.load_state_dict(sampled.state_dict())
+    x = torch.randint(0, 12, (3, 4))
+    with torch.no_grad():
+        with marginals_method(sampled, "exact"):
+            assert torch.allclose(sampled(x), exact(x), atol=1e-6)
+        assert sampled.blocks[0].attn.method == "dqa" and sampled.blocks[0].attn.method_options == {"num_samples": 8}
+    exact_result = train(replace(cfg, method="exact", method_options={}, steps=2, eval_interval=2), progress=False)
+    assert "val_exact" not in exact_result["metrics"]

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -26,7 +27,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from . import data as datasets
-from .attention import parameter_groups
+from . import ising
+from .attention import BoltzmannAttention, parameter_groups
+from .ising.exact import MAX_SPINS as EXACT_MAX_SPINS
 from .model import Model, ModelConfig, loss_fn
 from .provenance import machine_info
 
@@ -203,6 +206,10 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
           progress: bool = True) -> dict | None:
     """Train one model and return its results (config, metrics, history, learned couplings, timing).
 
+    metrics: 'val' (and 'test' for brackets) with the configured method. A model trained through a sampled
+    method (``ising.SAMPLED_METHODS``) is also evaluated with exact marginals, 'val_exact' (and
+    'test_exact'), when T is within the exact method's limit.
+
     Under DDP only rank 0 returns the results; the other ranks return None.
 
     With ``checkpoint``, the run resumes from that file if it exists and saves it every
@@ -258,6 +265,12 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
               "metrics": {"val": task.evaluate(model)}, "history": history, **machine_info()}
     if cfg.task == "brackets":
         result["metrics"]["test"] = task.evaluate(model, "test")
+    if cfg.method in ising.SAMPLED_METHODS and cfg.T <= EXACT_MAX_SPINS:
+        # the same weights with exact marginals: separates what sampling cost in training from its noise at eval
+        with marginals_method(model, "exact"):
+            result["metrics"]["val_exact"] = task.evaluate(model)
+            if cfg.task == "brackets":
+                result["metrics"]["test_exact"] = task.evaluate(model, "test")
     attn = model.blocks[0].attn
     if attn.couplings is not None:
         result["couplings"] = attn.couplings(cfg.T).detach().tolist()  # (H, T, T), first layer
@@ -266,6 +279,20 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
     if distributed:
         dist.barrier()
     return result if rank == 0 else None
+
+
+@contextmanager
+def marginals_method(model: Model, method: str, options: dict | None = None):
+    """Temporarily compute every Boltzmann attention layer's marginals with ``method`` (and ``options``)."""
+    layers = [m for m in model.modules() if isinstance(m, BoltzmannAttention)]
+    saved = [(m.method, m.method_options) for m in layers]
+    try:
+        for m in layers:
+            m.method, m.method_options = method, dict(options or {})
+        yield model
+    finally:
+        for m, (method_, options_) in zip(layers, saved):
+            m.method, m.method_options = method_, options_
 
 
 def _headline(metrics: dict) -> str:

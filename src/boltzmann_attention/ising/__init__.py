@@ -45,7 +45,7 @@ from . import annealing, banded, exact, mcmc, meanfield, reference, sqa
 from ._inputs import check_inputs
 from .dimod_adapter import DimodSampler
 
-__all__ = ["marginals", "log_partition", "METHODS", "DimodSampler"]
+__all__ = ["marginals", "log_partition", "METHODS", "SAMPLED_METHODS", "DimodSampler"]
 
 
 def _tap(fn: Callable) -> Callable:
@@ -67,6 +67,9 @@ METHODS: dict[str, tuple[Callable, Callable]] = {
     "dqa": (annealing.dqa_marginals, mcmc.log_partition),
     "sqa": (sqa.sqa_marginals, mcmc.log_partition),
 }
+
+# methods whose marginals are sample means (stochastic; 'dqa' and 'sqa' are not even Boltzmann)
+SAMPLED_METHODS = frozenset({"gibbs", "pt", "dqa", "sqa"})
 
 
 def _lookup(method, which: int) -> Callable:
