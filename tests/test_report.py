@@ -44,7 +44,7 @@ def planted_couplings(T, seed):
 
 
 def write_run(root, task, T, mode, seed, *, variant="base", method="exact", val=None, test=None, couplings=None,
-              **overrides):
+              extra_metrics=None, **overrides):
     """One results JSON in the schema of train.train + experiments._run_one."""
     cfg = asdict(TrainConfig(task=task, T=T, mode=mode, method=method, seed=seed, **overrides))
     name = f"{task}-T{T}-{mode}-{method}-{variant}-s{seed}"
@@ -55,6 +55,7 @@ def write_run(root, task, T, mode, seed, *, variant="base", method="exact", val=
               "commit": "abc1234"}
     if test is not None:
         result["metrics"]["test"] = test
+    result["metrics"].update(extra_metrics or {})
     if couplings is not None:
         result["couplings"] = couplings
     if mode != "softmax":
@@ -352,6 +353,7 @@ def test_sampler_section_pairs_sampler_and_exact_runs(tmp_path):
             offset = 0.01 * seed if method == "dqa" else 0.0
             write_run(tmp_path, "shakespeare", 4, mode, seed, method=method, variant="sampling",
                       val=shakespeare_val(ppl + offset),
+                      extra_metrics={"val_exact": shakespeare_val(4.85)} if method == "dqa" else None,
                       method_options={"num_samples": 100} if method == "dqa" else {})
         for mode, method, acc in (("softmax", "exact", 1.0), ("h+J", "exact", 1.0), ("h+J", "pt", 0.9)):
             write_run(tmp_path, "brackets", 6, mode, seed, method=method, variant="sampling",
@@ -367,3 +369,11 @@ def test_sampler_section_pairs_sampler_and_exact_runs(tmp_path):
     assert pt["sampler − exact"] == "-10.00 ± 0.00 pts"
     assert pt["level with exact?"].startswith("does not agree (worse")
     assert pt["exact vs softmax"] == "+0.00 ± 0.00" and pt["sampler vs softmax"] == "-10.00 ± 0.00"
+    # the DQA runs were also evaluated with exact marginals (PPL 4.85): training vs evaluation
+    split = table_after(text, "### Training or evaluation?")
+    assert set(split) == {"shakespeare"}  # the PT runs have no exact evaluation
+    row = split["shakespeare"]
+    assert row["training: exact eval − exact-trained"] == f"{(4.9 - 4.85) / 4.9 * 100:+.2f} ± 0.00%"
+    noise = [(4.85 - (4.9 + 0.01 * s)) / 4.85 * 100 for s in SEEDS]
+    expected = f"{statistics.mean(noise):+.2f} ± {statistics.stdev(noise):.2f}%"
+    assert row["evaluation: sampler eval − exact eval"] == expected
