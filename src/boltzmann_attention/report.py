@@ -1153,10 +1153,11 @@ def sampler_section(res: Results) -> list[str]:
     if split_rows:
         lines += ["### Training or evaluation?", "",
                   "The sampler-trained weights evaluated twice: through their sampler (as above) and with exact "
-                  "marginals. 'training' compares the second with the exact-trained model: what learning through "
-                  "the sampler cost. 'evaluation' compares the two evaluations of the same weights: what the "
-                  "sampler's noise (and, for DQA, its non-Boltzmann distribution) costs at inference. Paired over "
-                  "seeds, positive = the first named is better.", "",
+                  "marginals. 'training' compares the second with the exact-trained model; 'evaluation' compares "
+                  "the two evaluations of the same weights. The weights were fitted to their sampler's "
+                  "distribution, which for DQA is not the Boltzmann one, so exact marginals can be the worse "
+                  "evaluation: a large 'evaluation' difference means the model relies on what its sampler does, "
+                  "not that the sampler is noisy. Paired over seeds, positive = the first named is better.", "",
                   md_table(["task", "T", "mode", "method", "sampler-trained, sampler eval",
                             "sampler-trained, exact eval", "exact-trained", "training: exact eval − exact-trained",
                             "level?", "evaluation: sampler eval − exact eval"], split_rows), ""]
