@@ -128,7 +128,8 @@ def sampling_grids() -> list[Grid]:
 
     In the order they run (cheapest first), each after its exact references: DQA-trained h+J at T = 4;
     PT-trained h+J and gradient-free J-only training (Gibbs, nudged) at T = 4; then the rest of the paper's
-    DQA grid, T = 6 and 8 (about 15 and 40 minutes per run on one core).
+    DQA grid, T = 6 and 8 (about 4 and 9 minutes per run, one thread each, two runs at a time on 2 cores:
+    the 30 sampled runs took 50 minutes with ``--jobs 2``).
     """
     seeds, both, variant = (0, 1, 2), ("shakespeare", "brackets"), "sampling"
 
