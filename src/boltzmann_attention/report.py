@@ -1133,13 +1133,13 @@ def sampler_section(res: Results) -> list[str]:
                      _duration(statistics.mean(r.wall_time_s for r in g.runs.values()))])
         exact_eval = g.values(spec["metric"], spec["split"] + "_exact")
         if exact_eval:
-            trained, noise = spec["diff"](ref, exact_eval), spec["diff"](exact_eval, vals)
+            trained, evaluation = spec["diff"](ref, exact_eval), spec["diff"](exact_eval, vals)
             split_rows.append([task, str(T), mode, method, fmt_stat(stat(vals.values()), scale=spec["scale"]),
                                fmt_stat(stat(exact_eval.values()), scale=spec["scale"]),
                                fmt_stat(stat(ref.values()), scale=spec["scale"]),
                                (fmt_comparison(trained) + unit) if trained else "",
                                verdict(trained, "level", unit.strip()).text,
-                               (fmt_comparison(noise) + unit) if noise else ""])
+                               (fmt_comparison(evaluation) + unit) if evaluation else ""])
     if not rows:
         return []
     lines = ["## Trained through samplers", "",

@@ -266,7 +266,8 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
     if cfg.task == "brackets":
         result["metrics"]["test"] = task.evaluate(model, "test")
     if cfg.method in ising.SAMPLED_METHODS and cfg.T <= EXACT_MAX_SPINS:
-        # the same weights with exact marginals: separates what sampling cost in training from its noise at eval
+        # the same weights with exact marginals: what training through the sampler learned, apart from the
+        # sampler's own behaviour (noise, and a non-Boltzmann distribution for dqa/sqa) at evaluation
         with marginals_method(model, "exact"):
             result["metrics"]["val_exact"] = task.evaluate(model)
             if cfg.task == "brackets":
