@@ -1108,6 +1108,14 @@ def extension_section(res: Results) -> list[str]:
     return lines + [_growth_statement(measured, beyond), ""]
 
 
+def _show(values: dict, scale: float) -> str:
+    return fmt_stat(stat(values.values()), scale=scale)
+
+
+def _paired(c: Comparison | None, unit: str) -> str:
+    return fmt_comparison(c) + unit if c else ""
+
+
 def sampler_section(res: Results) -> list[str]:
     """Models trained through a sampler (DQA, PT, Gibbs, ...) against the same grid point trained exactly,
     and, where the runs were also evaluated with exact marginals, how the gap splits into training and
@@ -1119,27 +1127,24 @@ def sampler_section(res: Results) -> list[str]:
         if method in ("exact", "reference") or exact is None or task not in TASK_PLOTS:
             continue
         spec = TASK_PLOTS[task]
+        unit = "%" if task == "shakespeare" else " pts"
+        scale = spec["scale"]
         vals, ref = g.values(spec["metric"], spec["split"]), exact.values(spec["metric"], spec["split"])
         base = res.baseline(task, variant, T, "exact")
         base_vals = base.values(spec["metric"], spec["split"]) if base else {}
-        unit = "%" if task == "shakespeare" else " pts"
         c = spec["diff"](ref, vals)  # positive: the sampler-trained model is better
         options = json.dumps(next(iter(g.runs.values())).config.get("method_options") or {}, sort_keys=True)
-        rows.append([task, str(T), mode, method, f"`{options}`", fmt_stat(stat(ref.values()), scale=spec["scale"]),
-                     fmt_stat(stat(vals.values()), scale=spec["scale"]),
+        rows.append([task, str(T), mode, method, f"`{options}`", _show(ref, scale), _show(vals, scale),
                      fmt_comparison(spec["diff"](base_vals, ref)) if base_vals else "",
                      fmt_comparison(spec["diff"](base_vals, vals)) if base_vals else "",
-                     (fmt_comparison(c) + unit) if c else "", verdict(c, "level", unit.strip()).text,
+                     _paired(c, unit), verdict(c, "level", unit.strip()).text,
                      _duration(statistics.mean(r.wall_time_s for r in g.runs.values()))])
         exact_eval = g.values(spec["metric"], spec["split"] + "_exact")
         if exact_eval:
-            trained, evaluation = spec["diff"](ref, exact_eval), spec["diff"](exact_eval, vals)
-            split_rows.append([task, str(T), mode, method, fmt_stat(stat(vals.values()), scale=spec["scale"]),
-                               fmt_stat(stat(exact_eval.values()), scale=spec["scale"]),
-                               fmt_stat(stat(ref.values()), scale=spec["scale"]),
-                               (fmt_comparison(trained) + unit) if trained else "",
-                               verdict(trained, "level", unit.strip()).text,
-                               (fmt_comparison(evaluation) + unit) if evaluation else ""])
+            trained = spec["diff"](ref, exact_eval)
+            split_rows.append([task, str(T), mode, method, _show(vals, scale), _show(exact_eval, scale),
+                               _show(ref, scale), _paired(trained, unit), verdict(trained, "level", unit.strip()).text,
+                               _paired(spec["diff"](exact_eval, vals), unit)])
     if not rows:
         return []
     lines = ["## Trained through samplers", "",

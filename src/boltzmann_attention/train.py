@@ -28,7 +28,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import data as datasets
 from . import ising
-from .attention import BoltzmannAttention, parameter_groups
+from .attention import MODES, BoltzmannAttention, parameter_groups
+from .ising.annealing import MAX_SPINS as DQA_MAX_SPINS
 from .ising.exact import MAX_SPINS as EXACT_MAX_SPINS
 from .model import Model, ModelConfig, loss_fn
 from .provenance import machine_info
@@ -67,11 +68,6 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError for anything that would fail later, before any training."""
-        from . import ising
-        from .attention import MODES
-        from .ising.annealing import MAX_SPINS as DQA_MAX_SPINS
-        from .ising.exact import MAX_SPINS
-
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of {TASKS}")
         if self.mode not in MODES:
@@ -80,7 +76,7 @@ class TrainConfig:
             raise ValueError(f"unknown method {self.method!r}; choose one of {sorted(ising.METHODS)}")
         if self.T < 2:
             raise ValueError("T must be at least 2")
-        limit = {"exact": self.method_options.get("max_spins", MAX_SPINS), "reference": 20,
+        limit = {"exact": self.method_options.get("max_spins", EXACT_MAX_SPINS), "reference": 20,
                  "dqa": DQA_MAX_SPINS}.get(self.method)
         if self.mode not in ("softmax", "h") and limit is not None and self.T > limit:
             raise ValueError(f"T = {self.T} is beyond method {self.method!r}'s limit of {limit} spins; "

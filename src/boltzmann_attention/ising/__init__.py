@@ -68,8 +68,9 @@ METHODS: dict[str, tuple[Callable, Callable]] = {
     "sqa": (sqa.sqa_marginals, mcmc.log_partition),
 }
 
-# methods whose marginals are sample means (stochastic; 'dqa' and 'sqa' are not even Boltzmann)
-SAMPLED_METHODS = frozenset({"gibbs", "pt", "dqa", "sqa"})
+# methods whose marginals are sample means (stochastic; 'dqa' and 'sqa' are not even Boltzmann): the ones
+# without log Z
+SAMPLED_METHODS = frozenset(name for name, (_, logz) in METHODS.items() if logz is mcmc.log_partition)
 
 
 def _lookup(method, which: int) -> Callable:

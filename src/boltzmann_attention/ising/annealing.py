@@ -19,7 +19,7 @@ product of one-spin rotations, exp(i theta sum_j X_j) = (x)_j R(theta) with R = 
 (theta = 2 pi dt A/2), so it is applied in blocks of 4 index bits: one (Q 2^n / 16, 16) x (16, 16) complex
 GEMM with R^(x)4 per block, after which the bits are rotated so the next block is lowest (n bits of
 rotation in all restore the order). O(n 2^n) per step and query, like a fast Walsh-Hadamard transform
-(the mixer is diagonal in the Hadamard basis, W D W / 2^n, which the tests use as the reference), but
+(the mixer is diagonal in the Hadamard basis, W D W / 2^n; the tests check both forms against expm), but
 in 2 GEMM passes at n = 8 instead of 4. The error of the first-order splitting is O(dt) globally: check
 convergence against 2x or 4x the steps.
 
