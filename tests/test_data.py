@@ -5,7 +5,7 @@ import gzip
 import pytest
 import torch
 
-from boltzmann_attention.data import (
+from boltzmann_attention.experiments.data import (
     CLOSE,
     IGNORE,
     OPEN,

@@ -7,9 +7,10 @@ import pytest
 from scipy import stats
 from test_report import table_after, write_run
 
-from boltzmann_attention import cli, experiments
-from boltzmann_attention.experiments import FIELD_BIASES, field_bias_config, profile
-from boltzmann_attention.fairness import holm, is_fair_study, paired, points, relative, write_fair_report
+from boltzmann_attention.experiments import cli
+from boltzmann_attention.experiments import sweep as experiments
+from boltzmann_attention.experiments.fairness import holm, is_fair_study, paired, points, relative, write_fair_report
+from boltzmann_attention.experiments.sweep import FIELD_BIASES, field_bias_config, profile
 
 SEEDS = (0, 1, 2, 3, 4)
 OFFSETS = (-0.2, -0.1, 0.0, 0.1, 0.2)  # per-seed deviation of a planted improvement (percent)

@@ -9,9 +9,9 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from boltzmann_attention.experiments import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
-from boltzmann_attention.report import combine, fit_exponential, load_runs, verdict, write_report
-from boltzmann_attention.train import TrainConfig
+from boltzmann_attention.experiments.report import combine, fit_exponential, load_runs, verdict, write_report
+from boltzmann_attention.experiments.sweep import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
+from boltzmann_attention.experiments.train import TrainConfig
 
 SEEDS = (0, 1, 2)
 SEED_OFFSET = {0: -0.1, 1: 0.0, 2: 0.1}  # added to a planted relative improvement (percent): std 0.1

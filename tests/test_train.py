@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from boltzmann_attention import cli
-from boltzmann_attention.experiments import Grid, profile, run_name, sweep
-from boltzmann_attention.model import Model, ModelConfig
-from boltzmann_attention.train import TrainConfig, marginals_method, train
+from boltzmann_attention.experiments import cli
+from boltzmann_attention.experiments.model import Model, ModelConfig
+from boltzmann_attention.experiments.sweep import Grid, profile, run_name, sweep
+from boltzmann_attention.experiments.train import TrainConfig, marginals_method, train
 
 SMALL = dict(steps=40, batch_size=16, eval_interval=20, eval_windows=64, d_model=16, d_ff=32, warmup_steps=5)
 
@@ -51,7 +51,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 
 def _train_until(cfg, path, stop):
     """Run cfg but stop (as if killed) right after the checkpoint at `stop` steps."""
-    import boltzmann_attention.train as T
+    import boltzmann_attention.experiments.train as T
 
     original = T.save_checkpoint
 
@@ -144,7 +144,7 @@ def test_ddp_two_processes(tmp_path):
     out = tmp_path / "ddp.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(_free_port()), "-m", "boltzmann_attention.cli", "train", "--task", "brackets", "--T", "5",
+           str(_free_port()), "-m", "boltzmann_attention.experiments.cli", "train", "--task", "brackets", "--T", "5",
            "--steps", "6", "--batch-size", "8", "--eval-interval", "3", "--d-model", "16", "--out", str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]

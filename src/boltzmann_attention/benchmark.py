@@ -32,6 +32,16 @@ from .provenance import machine_info
 
 HEAD_DIM = 64
 
+# Sampler settings of the training runs through samplers (the experiments' 'sampling' profile imports these):
+# DQA at the paper's 200 Trotter steps and 5 ns (the defaults of ising.annealing) with its straight-through
+# estimator; PT and Gibbs with few sweeps, since every training step samples afresh. Gibbs with nudged
+# gradients is gradient-free in J.
+TRAINING_SAMPLER_OPTIONS = {
+    "dqa": {"num_samples": 100, "gradient": "ste"},
+    "pt": {"num_samples": 64, "warmup": 16, "num_replicas": 4, "gradient": "covariance"},
+    "gibbs": {"num_samples": 64, "warmup": 16, "gradient": "nudged"},
+}
+
 
 @dataclass
 class Case:
@@ -250,18 +260,18 @@ def scaling_rows(sizes=(16, 32, 64, 128, 256), queries: int = 64, coupling_std: 
     Couplings J_jk ~ N(0, (coupling_std / sqrt(bandwidth))^2) for 0 < |j - k| <= bandwidth, else 0, so every
     method (banded included) solves the same problem; h ~ N(0, 1); float32, no gradient, 2 threads. Exact
     enumeration runs where it can (n <= 24) for comparison. Gibbs and PT sample as in the 'sampling'
-    profile's training runs (experiments.NUDGED_OPTIONS, PT_OPTIONS), so the cost is what one training step
-    pays per call; SQA (not trained here) runs 100 sweeps with 16 slices.
+    profile's training runs (TRAINING_SAMPLER_OPTIONS, which that profile imports), so the cost is what one
+    training step pays per call; SQA (not trained here) runs 100 sweeps with 16 slices.
     """
     from . import ising
-    from .experiments import NUDGED_OPTIONS, PT_OPTIONS
 
     def sampling(options: dict) -> dict:  # forward only: the gradient option does not apply
         return {k: v for k, v in options.items() if k != "gradient"} | {"seed": 0}
 
     torch.set_num_threads(2)
     settings = [("exact", {}), ("banded", {"bandwidth": bandwidth}), ("meanfield", {}), ("tap", {}),
-                ("gibbs", sampling(NUDGED_OPTIONS)), ("pt", sampling(PT_OPTIONS)),
+                ("gibbs", sampling(TRAINING_SAMPLER_OPTIONS["gibbs"])),
+                ("pt", sampling(TRAINING_SAMPLER_OPTIONS["pt"])),
                 ("sqa", {"num_samples": 64, "sweeps": 100, "trotter_slices": 16, "seed": 0})]
     rows = []
     g = torch.Generator().manual_seed(seed)

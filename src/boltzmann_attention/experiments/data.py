@@ -69,7 +69,7 @@ def _verify_and_decode(raw: bytes, source: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _load_bundled() -> str:
-    raw = gzip.decompress(resources.files("boltzmann_attention").joinpath(_BUNDLED).read_bytes())
+    raw = gzip.decompress(resources.files("boltzmann_attention.experiments").joinpath(_BUNDLED).read_bytes())
     return _verify_and_decode(raw, f"bundled {_BUNDLED}")
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import BoltzmannAttention
+from ..attention import BoltzmannAttention
 
 
 @dataclass

@@ -26,13 +26,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import ising
+from ..attention import MODES, BoltzmannAttention, parameter_groups
+from ..ising.annealing import MAX_SPINS as DQA_MAX_SPINS
+from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
+from ..provenance import machine_info
 from . import data as datasets
-from . import ising
-from .attention import MODES, BoltzmannAttention, parameter_groups
-from .ising.annealing import MAX_SPINS as DQA_MAX_SPINS
-from .ising.exact import MAX_SPINS as EXACT_MAX_SPINS
 from .model import Model, ModelConfig, loss_fn
-from .provenance import machine_info
 
 TASKS = ("shakespeare", "brackets")
 CHECKPOINT_FORMAT = 1

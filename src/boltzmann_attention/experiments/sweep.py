@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..benchmark import TRAINING_SAMPLER_OPTIONS
 from .train import TrainConfig, train, write_result
 
 # The paper's numbers (arXiv:2606.12478), as summarised in shared/docs/BOLTZMANN_ATTENTION.md.
@@ -118,9 +119,9 @@ PROFILES = ("quick", "full", "fair", "sampling")
 # Training through samplers (profile 'sampling'). DQA at the paper's 200 Trotter steps and 5 ns (the
 # defaults of ising.annealing) with its straight-through estimator; PT and Gibbs with few sweeps, since every
 # training step samples afresh.
-DQA_OPTIONS = {"num_samples": 100, "gradient": "ste"}
-PT_OPTIONS = {"num_samples": 64, "warmup": 16, "num_replicas": 4, "gradient": "covariance"}
-NUDGED_OPTIONS = {"num_samples": 64, "warmup": 16, "gradient": "nudged"}  # Gibbs, gradient-free in J
+DQA_OPTIONS = TRAINING_SAMPLER_OPTIONS["dqa"]
+PT_OPTIONS = TRAINING_SAMPLER_OPTIONS["pt"]
+NUDGED_OPTIONS = TRAINING_SAMPLER_OPTIONS["gibbs"]  # Gibbs, gradient-free in J
 
 
 def sampling_grids() -> list[Grid]:

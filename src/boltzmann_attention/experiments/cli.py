@@ -36,7 +36,7 @@ def _boolean(text: str) -> bool:
 
 
 def main(argv=None) -> int:
-    from . import experiments
+    from . import sweep as experiments
 
     parser = argparse.ArgumentParser(prog="boltzmann-attention", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
 
 
 def _dispatch(args) -> int:
-    from . import experiments
+    from . import sweep as experiments
 
     if args.command == "train":
         from .train import train, write_result

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .experiments import DEFAULT_FIELD_BIAS, FAIR_T, FIELD_BIASES, J_INIT_STD, J_LR_MULTIPLIERS, NOFFN
 from .report import ARCHIVE, Group, Results, _duration, _figure, _finish, header_section, load_runs, md_table
+from .sweep import DEFAULT_FIELD_BIAS, FAIR_T, FIELD_BIASES, J_INIT_STD, J_LR_MULTIPLIERS, NOFFN
 
 ALPHA = 0.05
 BOLTZMANN_MODES = ("h", "h+J", "J")

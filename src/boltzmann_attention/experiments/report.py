@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .experiments import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
+from .sweep import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
 from .train import TrainConfig
 
 __all__ = ["Comparison", "Fit", "Group", "Results", "Run", "Stat", "fit_exponential", "load_runs",
