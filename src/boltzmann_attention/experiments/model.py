@@ -15,10 +15,17 @@ Heads:
   earlier position; its scores are all -inf except j = 0 (it never carries a label).
 
 Defaults are the paper's: 1 layer, 1 head, d_model 64, d_ff 128.
+
+Initialisation (``init``):
+- ``torch``: PyTorch's module defaults (nn.Embedding N(0, 1), nn.Linear uniform(+-1/sqrt(fan_in))).
+- ``gpt2``: nanoGPT's / GPT-2's scheme: every Linear and Embedding weight N(0, 0.02^2), zero biases, and
+  the residual output projections (attention output, the FFN's second layer) N(0, (0.02 / sqrt(2 n_layers))^2).
+  LayerNorms stay at (1, 0); couplings and field biases keep their own initialisation.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +51,10 @@ class ModelConfig:
     field_bias_init: float | None = None  # None: -log(max_len) / 2
     learn_field_bias: bool = True
     method_options: dict = field(default_factory=dict)
+    init: str = "torch"               # torch | gpt2 (see the module docstring)
+
+
+INITS = ("torch", "gpt2")
 
 
 class Block(nn.Module):
@@ -71,12 +82,30 @@ class Model(nn.Module):
         super().__init__()
         if cfg.head not in ("lm", "position"):
             raise ValueError(f"unknown head {cfg.head!r}; choose 'lm' or 'position'")
+        if cfg.init not in INITS:
+            raise ValueError(f"unknown init {cfg.init!r}; choose one of {INITS}")
         self.cfg = cfg
         self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_out = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size if cfg.head == "lm" else cfg.max_len)
+        if cfg.init == "gpt2":
+            self._init_gpt2()
+
+    def _init_gpt2(self) -> None:
+        """nanoGPT's initialisation (model.py of karpathy/nanoGPT): N(0, 0.02^2) weights, zero biases,
+        N(0, (0.02 / sqrt(2 n_layers))^2) on the projections that write into the residual stream."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.out.weight, mean=0.0, std=residual_std)
+            if block.ffn is not None:
+                nn.init.normal_(block.ffn[-1].weight, mean=0.0, std=residual_std)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens (B, T) -> logits (B, T, vocab) for 'lm', or position scores (B, T, T)."""

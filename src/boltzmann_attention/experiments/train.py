@@ -32,7 +32,7 @@ from ..ising.annealing import MAX_SPINS as DQA_MAX_SPINS
 from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
 from ..provenance import machine_info
 from . import data as datasets
-from .model import Model, ModelConfig, loss_fn
+from .model import INITS, Model, ModelConfig, loss_fn
 
 TASKS = ("shakespeare", "brackets")
 CHECKPOINT_FORMAT = 1
@@ -65,6 +65,8 @@ class TrainConfig:
     learn_field_bias: bool = True
     num_fillers: int = 8               # brackets: filler vocabulary
     method_options: dict = field(default_factory=dict)
+    init: str = "torch"                # torch | gpt2: the model's initialisation (experiments.model)
+    beta2: float = 0.95                # AdamW's second-moment decay (nanoGPT's Shakespeare config: 0.99)
 
     def validate(self) -> None:
         """Raise ValueError for anything that would fail later, before any training."""
@@ -83,6 +85,10 @@ class TrainConfig:
                              "use method='banded' (with coupling='relative'), 'meanfield' or 'tap'")
         if "K" in self.mode and self.method not in ("exact", "reference"):
             raise ValueError(f"mode {self.mode!r} (three-body couplings) needs method='exact'")
+        if self.init not in INITS:
+            raise ValueError(f"unknown init {self.init!r}; choose one of {INITS}")
+        if not 0.0 <= self.beta2 < 1.0:
+            raise ValueError(f"beta2 must lie in [0, 1), got {self.beta2}")
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
             raise ValueError("steps, batch_size and lr must be positive")
 
@@ -92,7 +98,7 @@ class TrainConfig:
             n_heads=self.n_heads, n_layers=self.n_layers, d_ff=self.d_ff,
             head="lm" if self.task == "shakespeare" else "position", coupling=self.coupling,
             coupling_init_std=self.coupling_init_std, field_bias_init=self.field_bias_init,
-            learn_field_bias=self.learn_field_bias, method_options=self.method_options)
+            learn_field_bias=self.learn_field_bias, method_options=self.method_options, init=self.init)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -162,7 +168,7 @@ def build_optimizer(model: Model, cfg: TrainConfig) -> torch.optim.Optimizer:
         groups.append({"params": couplings, "weight_decay": 0.0, "lr_multiplier": cfg.coupling_lr_multiplier})
     for g in groups:
         g["lr"] = cfg.lr * g.get("lr_multiplier", 1.0)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2))
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, generator, cfg: TrainConfig, step: int,
