@@ -10,7 +10,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from boltzmann_attention.experiments import cli
 from boltzmann_attention.experiments.model import Model, ModelConfig
 from boltzmann_attention.experiments.sweep import Grid, profile, run_name, sweep
 from boltzmann_attention.experiments.train import TrainConfig, marginals_method, train
@@ -121,16 +120,6 @@ def test_profiles_validate():
                 cfg.validate()
     with pytest.raises(ValueError, match="unknown profile"):
         profile("huge")
-
-
-def test_cli_help_and_errors(capsys):
-    for command in ([], ["train"], ["sweep"], ["report"], ["reproduce"]):
-        with pytest.raises(SystemExit) as e:
-            cli.main([*command, "--help"])
-        assert e.value.code == 0
-    assert "boltzmann-attention" in capsys.readouterr().out
-    assert cli.main(["train", "--mode", "K", "--steps", "1"]) == 2
-    assert "unknown mode" in capsys.readouterr().err
 
 
 def _free_port():

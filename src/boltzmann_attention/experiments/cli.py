@@ -1,30 +1,59 @@
-"""The ``boltzmann-attention`` command: train, sweep, report, reproduce."""
+"""The boltzmann-attention command: train one model, sweep a grid, write a report, or reproduce a profile.
+
+Every result is a JSON file with the resolved config, metrics, history, learned couplings, wall time and
+provenance (machine, torch version, commit). Sweeps skip finished runs and resume killed ones.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
-from .train import TrainConfig
+from .. import ising
+from ..attention import MODES
+from .model import INITS
+from .train import TASKS, TrainConfig
 
+COUPLINGS = ("full", "relative")
+EXPERIMENTS_EXTRA = 'pip install -e ".[experiments]"'
 
-def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """One --flag per TrainConfig field, with the dataclass default."""
-    for f in fields(TrainConfig):
-        if f.name == "method_options":
-            parser.add_argument("--method-options", type=json.loads, default={},
-                                help="JSON dict of options for the marginal method, e.g. '{\"bandwidth\": 4}'")
-            continue
-        default = f.default
-        kind = {"int": int, "float": float, "str": str, "bool": _boolean}.get(str(f.type).split(" ")[0])
-        if f.name == "field_bias_init":
-            kind = float
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind or str, default=default,
-                            help=f"default: {default}")
+# Valid values and help of every TrainConfig field shown by `train` (and by `sweep --set`).
+CHOICES = {"task": TASKS, "mode": MODES, "method": tuple(sorted(ising.METHODS)), "coupling": COUPLINGS, "init": INITS}
+HELP = {
+    "task": "the task",
+    "T": "window length: the number of keys (spins) per query",
+    "mode": "attention mode (softmax; h: sigmoid attention; J: couplings only; h+J: Boltzmann attention; "
+            "h+K, h+J+K: three-body couplings)",
+    "method": "how the marginals are computed (see the README's methods table)",
+    "seed": "fixes the initialisation and the data order",
+    "steps": "optimiser steps",
+    "batch_size": "sequences per step",
+    "lr": "peak learning rate (AdamW)",
+    "warmup_steps": "linear warm-up steps, then cosine decay to min_lr_ratio * lr",
+    "min_lr_ratio": "final learning rate as a fraction of lr",
+    "weight_decay": "AdamW weight decay on weight matrices (never on J, K or the field bias)",
+    "grad_clip": "gradient-norm clipping threshold",
+    "eval_interval": "steps between validation evaluations",
+    "eval_windows": "Shakespeare: number of fixed validation windows",
+    "d_model": "model width",
+    "n_heads": "attention heads",
+    "n_layers": "transformer blocks",
+    "d_ff": "FFN width; 0 removes the FFN",
+    "coupling": "full: a free J for every pair of positions; relative: J = f(|j - k|)",
+    "coupling_init_std": "standard deviation of J at initialisation (0: J starts at zero)",
+    "coupling_lr_multiplier": "learning rate of J and K relative to lr",
+    "field_bias_init": "initial field bias per head (default: -log(T) / 2)",
+    "learn_field_bias": "whether the field bias is learned",
+    "num_fillers": "brackets: number of filler symbols",
+    "method_options": "JSON object of options for the marginal method, e.g. '{\"bandwidth\": 4}'",
+    "init": "model initialisation: torch (PyTorch's defaults) or gpt2 (nanoGPT's N(0, 0.02))",
+    "beta2": "AdamW's second-moment decay",
+}
 
 
 def _boolean(text: str) -> bool:
@@ -35,37 +64,83 @@ def _boolean(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def main(argv=None) -> int:
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"bandwidth\": 4}}', got {text!r}")
+    return value
+
+
+def _optional_float(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One --flag per TrainConfig field, with its valid values, default and help."""
+    for f in fields(TrainConfig):
+        default = {} if f.default is MISSING else f.default
+        kind = {"int": int, "float": float, "str": str, "bool": _boolean}.get(str(f.type).split(" ")[0], str)
+        if f.name == "field_bias_init":
+            kind = _optional_float
+        elif f.name == "method_options":
+            kind = _json_object
+        shown = "-log(T) / 2" if f.name == "field_bias_init" else json.dumps(default) if f.name == "method_options" \
+            else default
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=default,
+                            choices=CHOICES.get(f.name), metavar=None if f.name in CHOICES else f.name.upper(),
+                            help=f"{HELP.get(f.name, f.name)} (default: {shown})")
+
+
+def _require(*modules: str) -> None:
+    """Stop with one line naming the extra to install if a package the command needs is missing."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"error: this command needs {', '.join(missing)}; install the extra: {EXPERIMENTS_EXTRA}")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     from . import sweep as experiments
 
-    parser = argparse.ArgumentParser(prog="boltzmann-attention", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="boltzmann-attention", description=__doc__.strip())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sweep,report,reproduce}")
+    defaults = argparse.ArgumentDefaultsHelpFormatter
 
-    p_train = sub.add_parser("train", help="train one model and write its results JSON")
+    p_train = sub.add_parser("train", help="train one model and write its results JSON",
+                             description="Train one model and write its results JSON.",
+                             usage="%(prog)s [options]   (every option: --help)")
     _add_config_arguments(p_train)
-    p_train.add_argument("--out", default="results/train.json", help="results JSON path")
-    p_train.add_argument("--checkpoint", help="checkpoint path (resumes from it if it exists)")
+    p_train.add_argument("--out", default="results/train.json", help="results JSON path (default: %(default)s)")
+    p_train.add_argument("--checkpoint", help="checkpoint path; an existing one is resumed "
+                                              "(default: next to --out, <out>.ckpt.pt, removed when the run ends)")
 
-    p_sweep = sub.add_parser("sweep", help="a grid of task x T x mode x method x seed; skips finished runs")
-    p_sweep.add_argument("--tasks", nargs="+", default=["shakespeare"])
-    p_sweep.add_argument("--T", nargs="+", type=int, default=[8])
-    p_sweep.add_argument("--modes", nargs="+", default=["softmax", "h+J", "h", "J"])
-    p_sweep.add_argument("--methods", nargs="+", default=["exact"])
-    p_sweep.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p_sweep = sub.add_parser("sweep", help="a grid of task x T x mode x method x seed; skips finished runs",
+                             description="Run a grid of task x T x mode x method x seed; finished runs are "
+                                         "skipped and killed ones resume.", formatter_class=defaults)
+    p_sweep.add_argument("--tasks", nargs="+", default=["shakespeare"], choices=TASKS, help="tasks")
+    p_sweep.add_argument("--T", nargs="+", type=int, default=[8], help="window lengths")
+    p_sweep.add_argument("--modes", nargs="+", default=["softmax", "h+J", "h", "J"], choices=MODES, help="modes")
+    p_sweep.add_argument("--methods", nargs="+", default=["exact"], choices=CHOICES["method"], help="methods")
+    p_sweep.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds")
     p_sweep.add_argument("--variant", default="base", help="label for runs with --set overrides")
     p_sweep.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                          help="TrainConfig overrides, values as JSON (e.g. steps=2000 d_ff=0)")
-    p_sweep.add_argument("--out", default="results")
-    p_sweep.add_argument("--jobs", type=int, default=1, help="parallel processes")
+    p_sweep.add_argument("--out", default="results", help="results folder")
+    p_sweep.add_argument("--jobs", type=int, default=1, help="parallel processes (each gets cores // jobs threads)")
 
-    p_report = sub.add_parser("report", help="tables and plots from a results folder")
-    p_report.add_argument("--results", default="results")
-    p_report.add_argument("--out", default="report")
+    p_report = sub.add_parser("report", help="tables and plots from a results folder",
+                              description="Write tables and plots from a results folder.", formatter_class=defaults)
+    p_report.add_argument("--results", default="results", help="results folder (with runs/)")
+    p_report.add_argument("--out", default="report", help="report folder")
 
-    p_repro = sub.add_parser("reproduce", help="sweep and report for the paper's tables")
+    p_repro = sub.add_parser("reproduce", help="sweep and report for a profile of the paper's experiments",
+                             description="Sweep a profile's grid, then write its report.")
     p_repro.add_argument("--profile", choices=experiments.PROFILES, default="quick",
-                         help="quick: a smoke test; full: the paper's tables; fair: the fair-baselines study; "
-                              "sampling: models trained through DQA, PT and Gibbs against exact")
+                         help="quick: a smoke test (one seed, short runs; its verdicts mean little); full: the "
+                              "paper's tables; fair: the fair-baselines study; sampling: models trained through "
+                              "DQA, PT and Gibbs against exact (default: %(default)s)")
     p_repro.add_argument("--field-bias", choices=sorted(experiments.FIELD_BIASES),
                          default=experiments.DEFAULT_FIELD_BIAS,
                          help=f"field bias of the Boltzmann modes (default {experiments.DEFAULT_FIELD_BIAS}, "
@@ -73,14 +148,47 @@ def main(argv=None) -> int:
                               "which has no bias term)")
     p_repro.add_argument("--out", help="results folder (default: results/<profile>[-bias-<field bias>])")
     p_repro.add_argument("--report", help="report folder (default: report/<profile>[-bias-<field bias>])")
-    p_repro.add_argument("--jobs", type=int, default=2)
+    p_repro.add_argument("--jobs", type=int, default=2, help="parallel processes (default: %(default)s)")
+    return parser, {"train": p_train, "sweep": p_sweep, "report": p_report, "reproduce": p_repro}
 
-    args = parser.parse_args(argv)
+
+def main(argv=None) -> int:
+    parser, subparsers = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # name the subcommand's options, not the top level's
+        subparsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return _dispatch(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _check_writable(path: Path) -> None:
+    """Create the folder of ``path`` and prove that a file can be written there, before any training."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.with_name(f".{path.name}.write-test")
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give a file path")
+
+
+def _sweep_overrides(items: list[str]) -> dict:
+    known = {f.name for f in fields(TrainConfig)}
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(known)}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"--set {item!r}: the value must be JSON (strings in double quotes)") from None
+    return overrides
 
 
 def _dispatch(args) -> int:
@@ -90,22 +198,28 @@ def _dispatch(args) -> int:
         from .train import train, write_result
 
         cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
-        result = train(cfg, checkpoint=args.checkpoint)
+        cfg.validate()
+        out = Path(args.out)
+        checkpoint = Path(args.checkpoint) if args.checkpoint else out.with_name(out.name + ".ckpt.pt")
+        for path in (out, checkpoint):
+            _check_writable(path)
+        print(f"results -> {out}, checkpoint -> {checkpoint}", file=sys.stderr)
+        result = train(cfg, checkpoint=checkpoint)
         if result is not None:  # None on DDP ranks other than 0
-            write_result(result, args.out)
-            print(json.dumps(result["metrics"]), f"({result['wall_time_s']:.1f} s) -> {args.out}")
+            write_result(result, out)
+            if not args.checkpoint:
+                checkpoint.unlink(missing_ok=True)
+            print(json.dumps(result["metrics"]), f"({result['wall_time_s']:.1f} s) -> {out}")
     elif args.command == "sweep":
-        overrides = {}
-        for item in args.set:
-            key, _, value = item.partition("=")
-            overrides[key] = json.loads(value)
         grid = experiments.Grid(tuple(args.tasks), tuple(args.T), tuple(args.modes), tuple(args.methods),
-                                tuple(args.seeds), args.variant, overrides)
+                                tuple(args.seeds), args.variant, _sweep_overrides(args.set))
         names = experiments.sweep([grid], args.out, jobs=args.jobs)
         print(f"{len(names)} runs done -> {args.out}/runs")
     elif args.command == "report":
+        _require("matplotlib", "scipy")
         print(f"report -> {_write_report(args.results, args.out)}")
     elif args.command == "reproduce":
+        _require("matplotlib", "scipy")
         name = args.profile
         if args.field_bias != experiments.DEFAULT_FIELD_BIAS:
             name += f"-bias-{args.field_bias}"

@@ -1,0 +1,84 @@
+"""The boltzmann-attention command: help, errors before training, where it writes, missing extras."""
+
+import importlib.util
+import json
+
+import pytest
+
+from boltzmann_attention.experiments import cli
+
+TINY = ["--task", "brackets", "--T", "4", "--steps", "3", "--batch-size", "8", "--eval-interval", "3",
+        "--d-model", "16", "--d-ff", "16", "--warmup-steps", "1"]
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["sweep"], ["report"], ["reproduce"]])
+def test_help_of_every_command(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([*command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "boltzmann-attention" in out and "``" not in out
+
+
+def test_train_help_shows_choices_defaults_and_help(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("{shakespeare,brackets}", "{softmax,h,J,h+J,h+K,h+J+K}", "{torch,gpt2}", "{full,relative}",
+                 "peak learning rate (AdamW) (default: 0.003)", "(default: -log(T) / 2)", "exact,gibbs"):
+        assert text in out, text
+
+
+def test_a_misspelled_option_shows_the_subcommands_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--stepz", "3"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "boltzmann-attention train" in err and "unrecognized arguments: --stepz 3" in err
+
+
+@pytest.mark.parametrize("value, message", [("{bad", "not valid JSON"), ("[1]", "expected a JSON object")])
+def test_method_options_errors_name_the_option(value, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--method-options", value])
+    err = capsys.readouterr().err
+    assert "--method-options" in err and message in err and "loads" not in err
+
+
+def test_invalid_choice_is_refused_before_training(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--mode", "K"])
+    assert e.value.code == 2
+    assert "invalid choice: 'K'" in capsys.readouterr().err
+
+
+def test_train_says_where_it_writes_and_cleans_its_default_checkpoint(tmp_path, capsys):
+    out = tmp_path / "sub" / "run.json"
+    assert cli.main(["train", *TINY, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"results -> {out}" in err and f"checkpoint -> {out}.ckpt.pt" in err
+    assert json.loads(out.read_text())["config"]["steps"] == 3
+    assert not (tmp_path / "sub" / "run.json.ckpt.pt").exists()  # removed once the result is written
+
+
+def test_unwritable_out_fails_before_training(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert cli.main(["train", *TINY, "--out", str(blocker / "run.json")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
+def test_sweep_set_errors_name_the_field(tmp_path, capsys):
+    assert cli.main(["sweep", "--out", str(tmp_path), "--set", "stepz=3"]) == 2
+    assert "--set 'stepz=3'" in capsys.readouterr().err
+    assert cli.main(["sweep", "--out", str(tmp_path), "--set", "init=gpt2"]) == 2
+    assert "must be JSON" in capsys.readouterr().err
+
+
+def test_a_missing_extra_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", "--results", str(tmp_path), "--out", str(tmp_path / "rep")])
+    assert "needs matplotlib" in str(e.value) and '.[experiments]' in str(e.value)
+    assert not (tmp_path / "rep").exists()  # nothing written before the check
