@@ -133,7 +133,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p_report = sub.add_parser("report", help="tables and plots from a results folder",
                               description="Write tables and plots from a results folder.", formatter_class=defaults)
     p_report.add_argument("--results", default="results", help="results folder (with runs/)")
-    p_report.add_argument("--out", default="report", help="report folder")
+    p_report.add_argument("--out", help="report folder (default: report/<name of the results folder>)")
 
     p_repro = sub.add_parser("reproduce", help="sweep and report for a profile of the paper's experiments",
                              description="Sweep a profile's grid, then write its report.")
@@ -217,7 +217,8 @@ def _dispatch(args) -> int:
         print(f"{len(names)} runs done -> {args.out}/runs")
     elif args.command == "report":
         _require("matplotlib", "scipy")
-        print(f"report -> {_write_report(args.results, args.out)}")
+        out = args.out or str(Path("report") / Path(args.results).resolve().name)
+        print(f"report -> {_write_report(args.results, out)}")
     elif args.command == "reproduce":
         _require("matplotlib", "scipy")
         name = args.profile
