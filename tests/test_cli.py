@@ -82,3 +82,19 @@ def test_a_missing_extra_is_one_line_not_a_traceback(tmp_path, monkeypatch):
         cli.main(["report", "--results", str(tmp_path), "--out", str(tmp_path / "rep")])
     assert "needs matplotlib" in str(e.value) and '.[experiments]' in str(e.value)
     assert not (tmp_path / "rep").exists()  # nothing written before the check
+
+
+def test_training_runs_without_tqdm(tmp_path, monkeypatch, capsys):
+    """A base install has no tqdm: the progress display falls back to plain lines."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *args, **kwargs):
+        if name == "tqdm" or name.startswith("tqdm."):
+            raise ImportError("No module named 'tqdm'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    assert cli.main(["train", *TINY, "--out", str(tmp_path / "run.json")]) == 0
+    assert "brackets T=4 h+J: 3/3 steps" in capsys.readouterr().err

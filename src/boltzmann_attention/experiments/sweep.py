@@ -242,7 +242,7 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
         return [t[0] for t in todo]
     threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     tasks = [(name, cfg, variant, str(out), threads, jobs == 1) for name, cfg, variant in todo]
-    from tqdm import tqdm
+    from .progress import progress as tqdm
 
     if jobs == 1:
         outcomes = [_run_one(t) for t in tqdm(tasks, desc="sweep", unit="run")]

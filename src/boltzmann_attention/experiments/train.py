@@ -305,9 +305,9 @@ def _headline(metrics: dict) -> str:
 def _progress_bar(cfg: TrainConfig, start: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm import tqdm
+    from .progress import progress
 
-    return tqdm(total=cfg.steps, initial=start, desc=f"{cfg.task} T={cfg.T} {cfg.mode}", unit="step",
+    return progress(total=cfg.steps, initial=start, desc=f"{cfg.task} T={cfg.T} {cfg.mode}", unit="step",
                 leave=False, dynamic_ncols=True)
 
 

@@ -1,0 +1,46 @@
+"""Progress bars: tqdm's when it is installed (the ``experiments`` extra), else a few plain lines.
+
+A base install (no extras) trains and sweeps without tqdm; the bar is only a display.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+class _Plain:
+    """tqdm's interface as far as this package uses it; prints one line per tenth of the total."""
+
+    def __init__(self, iterable=None, total=None, initial=0, desc="", unit="it", **_):
+        self.iterable, self.total, self.n, self.desc, self.unit = iterable, total, initial, desc, unit
+        if self.total is None and iterable is not None and hasattr(iterable, "__len__"):
+            self.total = len(iterable)
+        self._shown = -1
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.update(1)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.total:
+            tenth = 10 * self.n // self.total
+            if tenth > self._shown:
+                self._shown = tenth
+                print(f"{self.desc}: {self.n}/{self.total} {self.unit}s", file=sys.stderr, flush=True)
+
+    def set_postfix(self, **_) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress(iterable=None, **kwargs):
+    """``tqdm(iterable, **kwargs)`` if tqdm is installed, else a plain stand-in with the same methods."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _Plain(iterable, **kwargs)
+    return tqdm(iterable, **kwargs)
