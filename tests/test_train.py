@@ -94,6 +94,8 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     _train_until(replace(cfg, steps=4), other, stop=2)
     with pytest.raises(ValueError, match="another config"):
         train(replace(cfg, mode="h", steps=4), checkpoint=other, progress=False)
+    with pytest.raises(ValueError, match=r"written by a run of 1 process\(es\), this one has 2"):
+        train_module.load_checkpoint(other, replace(cfg, steps=4), None, None, None, None, rank=1, world=2)
 
 
 class _Payload:
@@ -333,6 +335,63 @@ def test_ddp_two_processes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["steps_run"] == 6 and result["history"][-1]["step"] == 6
+
+
+_DDP_RESUME = """
+import json, sys
+import torch.distributed as dist
+import boltzmann_attention.experiments.train as T
+
+cfg = T.TrainConfig(task="brackets", T=5, steps=4, batch_size=8, eval_interval=2, d_model=16, d_ff=32,
+                    warmup_steps=1)
+full = T.train(cfg, progress=False)
+
+
+class Killed(Exception):
+    pass
+
+
+save, per_rank, calls = T.save_checkpoint, T._per_rank, []
+
+
+def save_then_die(*args, **kwargs):  # rank 0: write the step-2 checkpoint, then die
+    save(*args, **kwargs)
+    raise Killed
+
+
+def gather_then_die(state, world):  # rank 1: die once both RNG states are gathered
+    calls.append(1)
+    if len(calls) == 2 and dist.get_rank() == 1:
+        per_rank(state, world)
+        raise Killed
+    return per_rank(state, world)
+
+
+T.save_checkpoint, T._per_rank = save_then_die, gather_then_die
+try:
+    T.train(cfg, checkpoint=sys.argv[1], checkpoint_interval=2, progress=False)
+except Killed:
+    pass
+T.save_checkpoint, T._per_rank = save, per_rank
+dist.barrier()  # the checkpoint is written before anyone resumes
+resumed = T.train(cfg, checkpoint=sys.argv[1], progress=False)
+if dist.get_rank() == 0:
+    keys = ("metrics", "history", "couplings")
+    json.dump({"steps_run": resumed["steps_run"], "equal": [full[k] == resumed[k] for k in keys]},
+              open(sys.argv[2], "w"))
+"""
+
+
+def test_ddp_resume_equals_uninterrupted_run(tmp_path):
+    """Each process resumes its own data order: a killed 2-process run resumes bit for bit."""
+    script, out = tmp_path / "resume.py", tmp_path / "out.json"
+    script.write_text(_DDP_RESUME)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), str(script), str(tmp_path / "run.pt"), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text()) == {"steps_run": 2, "equal": [True, True, True]}
 
 
 def test_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path):

@@ -20,7 +20,8 @@ current setting (all cores unless set). Concurrent runs on one machine must shar
 OpenMP threads spin against each other (two runs with two threads each on 2 cores ran ~20x slower).
 
 Distributed: under ``torchrun`` (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel over gloo;
-each rank draws batch_size / world_size examples from its own generator; rank 0 evaluates and writes.
+each rank draws batch_size / world_size examples from its own generator; rank 0 evaluates and writes. A
+checkpoint holds every rank's RNG states, so a run resumes with the number of processes that wrote it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import ising
@@ -296,13 +298,17 @@ def _atomic_write(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, generator, cfg: TrainConfig, step: int,
-                    history: list, elapsed: float = 0.0) -> None:
-    """Write everything a resumed run needs (``elapsed``: training seconds so far), checksummed, atomically."""
+def save_checkpoint(path: Path, model, optimizer, scheduler, cfg: TrainConfig, step: int, history: list, *,
+                    data_rng: Tensor, torch_rng: Tensor, elapsed: float = 0.0) -> None:
+    """Write everything a resumed run needs, checksummed, atomically.
+
+    data_rng, torch_rng: (world size, state bytes), every process's data generator and global RNG states
+    (see :func:`_per_rank`); elapsed: training seconds so far.
+    """
     state = {"format": CHECKPOINT_FORMAT, "config": asdict(cfg), "step": step, "history": history,
              "elapsed_s": float(elapsed), "model": model.state_dict(),
              "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "data_rng": generator.get_state(), "torch_rng": torch.get_rng_state()}
+             "data_rng": data_rng, "torch_rng": torch_rng}
     buffer = io.BytesIO()
     torch.save(state, buffer)
     _atomic_write(Path(path), _frame(buffer.getvalue()))
@@ -348,24 +354,30 @@ def read_checkpoint(path: str | Path) -> dict:
     return state
 
 
-def load_checkpoint(path: Path, cfg: TrainConfig, model, optimizer, scheduler,
-                    generator) -> tuple[int, list, float]:
-    """Restore a checkpoint written by :func:`save_checkpoint` for the same config; returns
-    (step, history, elapsed seconds)."""
+def load_checkpoint(path: Path, cfg: TrainConfig, model, optimizer, scheduler, generator, rank: int = 0,
+                    world: int = 1) -> tuple[int, list, float]:
+    """Restore a checkpoint written by :func:`save_checkpoint` for the same config and number of processes
+    (process ``rank`` of ``world`` takes its own RNG states); returns (step, history, elapsed seconds)."""
     state = read_checkpoint(path)
     if state["config"] != asdict(cfg):
         diff = {k: (state["config"].get(k), v) for k, v in asdict(cfg).items() if state["config"].get(k) != v}
         raise ValueError(f"checkpoint {path} was written for another config; differences (saved, now): {diff}")
-    step, elapsed = state["step"], state["elapsed_s"]
-    if not isinstance(step, int) or not 0 <= step <= cfg.steps or not math.isfinite(elapsed) or elapsed < 0:
+    step, elapsed, data_rng, torch_rng = state["step"], state["elapsed_s"], state["data_rng"], state["torch_rng"]
+    if (not isinstance(step, int) or not 0 <= step <= cfg.steps or not isinstance(elapsed, float)
+            or not math.isfinite(elapsed) or elapsed < 0):
         raise ValueError(f"checkpoint {path} holds an invalid step {step!r} or time {elapsed!r}; delete it to "
                          "restart the run from step 0")
+    for rng in (data_rng, torch_rng):
+        if not isinstance(rng, Tensor) or rng.dim() != 2 or len(rng) != world:
+            saved = len(rng) if isinstance(rng, Tensor) and rng.dim() == 2 else "?"
+            raise ValueError(f"checkpoint {path} was written by a run of {saved} process(es), this one has "
+                             f"{world}: resume it with {saved}, or delete it to restart the run from step 0")
     try:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        generator.set_state(state["data_rng"])
-        torch.set_rng_state(state["torch_rng"])
+        generator.set_state(data_rng[rank].clone())
+        torch.set_rng_state(torch_rng[rank].clone())
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"checkpoint {path} does not match the model: {e}") from None
     return step, state["history"], float(elapsed)
@@ -423,7 +435,8 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     generator = torch.Generator().manual_seed(cfg.seed * 1000 + 1 + rank)
     start, history, elapsed = 0, [], 0.0
     if checkpoint and checkpoint.exists():
-        start, history, elapsed = load_checkpoint(checkpoint, cfg, model, optimizer, scheduler, generator)
+        start, history, elapsed = load_checkpoint(checkpoint, cfg, model, optimizer, scheduler, generator, rank,
+                                                  world)
     net = DistributedDataParallel(model) if distributed else model
 
     t0 = time.perf_counter()
@@ -444,9 +457,12 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", **({"val": _headline(history[-1])} if history else {}))
-        if rank == 0 and checkpoint and (done % checkpoint_interval == 0 or done == cfg.steps):
-            save_checkpoint(checkpoint, model, optimizer, scheduler, generator, cfg, done, history,
-                            elapsed + time.perf_counter() - t0)
+        if checkpoint and (done % checkpoint_interval == 0 or done == cfg.steps):
+            data_rng = _per_rank(generator.get_state(), world)  # collective: every process takes part
+            torch_rng = _per_rank(torch.get_rng_state(), world)
+            if rank == 0:
+                save_checkpoint(checkpoint, model, optimizer, scheduler, cfg, done, history, data_rng=data_rng,
+                                torch_rng=torch_rng, elapsed=elapsed + time.perf_counter() - t0)
     if bar is not None:
         bar.close()
     wall = elapsed + time.perf_counter() - t0
@@ -472,6 +488,15 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     if distributed:
         dist.barrier()
     return result if rank == 0 else None
+
+
+def _per_rank(state: Tensor, world: int) -> Tensor:
+    """Every process's copy of an RNG state, (world, bytes); under DDP an all-gather over the processes."""
+    if world == 1:
+        return state[None].clone()
+    parts = [torch.empty_like(state) for _ in range(world)]
+    dist.all_gather(parts, state)
+    return torch.stack(parts)
 
 
 @contextmanager
