@@ -228,6 +228,8 @@ def test_threads_are_set_for_the_run_and_restored():
     (dict(grad_clip=math.nan), "grad_clip"),
     (dict(lr=math.inf), "lr must be a finite number > 0"),
     (dict(lr=0.0), "lr must be"),
+    (dict(lr=20.0), r"lr \* weight_decay must be < 1"),
+    (dict(lr=1e3, weight_decay=0.0, coupling_lr_multiplier=1e36), "overflows float32"),
     (dict(weight_decay=-5.0), "weight_decay must be a finite number >= 0"),
     (dict(eval_interval=0), "eval_interval must be an integer >= 1"),
     (dict(n_heads=0), "n_heads must be an integer >= 1"),
@@ -270,6 +272,14 @@ def test_grad_clip_inf_disables_clipping_and_good_configs_pass():
         TrainConfig(d_ff=0, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.0, field_bias_init=-1.5,
                     method="banded", method_options={"bandwidth": 3}).validate()
         TrainConfig(steps=11, warmup_steps=10).validate()
+
+
+@pytest.mark.parametrize("mode", ["h+J", "softmax"])
+def test_divergence_is_a_clear_error_not_nan_metrics(mode):
+    """A learning rate that blows the weights up stops the run, instead of NaN metrics or a library error."""
+    cfg = TrainConfig(task="brackets", T=4, mode=mode, lr=1e10, weight_decay=0.0, **{**SHORT, "steps": 3})
+    with pytest.raises(ValueError, match=r"training diverged at step [12] of 3: .*lower lr \(now 1e\+10\)"):
+        train(cfg, progress=False)
 
 
 def test_warmup_that_never_ends_warns():

@@ -60,6 +60,7 @@ COUPLINGS = ("full", "relative")
 CHECKPOINT_FORMAT = 2
 _MAGIC = b"boltzmann-attention checkpoint 2\n"  # then 64 hex digits of sha256(payload), a newline, the payload
 MAX_SEED = 2**53
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 @dataclass
@@ -117,6 +118,12 @@ class TrainConfig:
             _number("field_bias_init", self.field_bias_init)
         if not isinstance(self.learn_field_bias, bool):
             raise ValueError(f"learn_field_bias must be true or false, got {self.learn_field_bias!r}")
+        for name, value in (("lr", self.lr), ("lr * coupling_lr_multiplier", self.lr * self.coupling_lr_multiplier)):
+            if value > FLOAT32_MAX:
+                raise ValueError(f"{name} = {value:g} overflows float32, the training precision")
+        if self.lr * self.weight_decay >= 1.0:
+            raise ValueError(f"lr * weight_decay must be < 1 (AdamW scales the weights by 1 - lr * weight_decay "
+                             f"every step), got {self.lr * self.weight_decay:g}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         _check_method_options(self.method, self.method_options)
@@ -228,9 +235,13 @@ class Task:
                 correct += int(((out.argmax(-1) == yb) & labelled).sum())
         loss = nll_sum / count
         if self.cfg.task == "shakespeare":
-            return {"loss": loss, "ppl": math.exp(loss), "loss_last": nll_last / len(x),
-                    "ppl_last": math.exp(nll_last / len(x))}
+            last = nll_last / len(x)
+            return {"loss": loss, "ppl": _exp(loss), "loss_last": last, "ppl_last": _exp(last)}
         return {"loss": loss, "accuracy": correct / count}
+
+
+def _exp(x: float) -> float:
+    return math.inf if x > 709.0 else math.exp(x)  # a perplexity beyond float64 is inf, not an OverflowError
 
 
 def _lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -441,19 +452,31 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
 
     t0 = time.perf_counter()
     bar = _progress_bar(cfg, start, enabled=progress and rank == 0)
+    stepped = False  # has this segment made an optimiser step (then a failure means divergence)
     for step in range(start, cfg.steps):
         x, y = task.batch(cfg.batch_size // world, generator)
-        loss = loss_fn(net(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        done = step + 1
-        if rank == 0 and (done % cfg.eval_interval == 0 or done == cfg.steps):
-            model.eval()
-            history.append({"step": done, "train_loss": loss.item(), **task.evaluate(model)})
-            model.train()
+        try:
+            loss = loss_fn(net(x), y)
+            if not torch.isfinite(loss):
+                raise ValueError(f"the training loss is {loss.item()}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            stepped = True
+            scheduler.step()
+            done = step + 1
+            if rank == 0 and (done % cfg.eval_interval == 0 or done == cfg.steps):
+                model.eval()
+                metrics = task.evaluate(model)
+                model.train()
+                if not math.isfinite(metrics["loss"]):
+                    raise ValueError(f"the validation loss is {metrics['loss']}")
+                history.append({"step": done, "train_loss": loss.item(), **metrics})
+        except ValueError as e:  # after a step that worked: the weights blew up (e.g. "h contains NaN or inf")
+            if not stepped:
+                raise
+            raise _diverged(cfg, step, model, str(e)) from None
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", **({"val": _headline(history[-1])} if history else {}))
@@ -488,6 +511,13 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     if distributed:
         dist.barrier()
     return result if rank == 0 else None
+
+
+def _diverged(cfg: TrainConfig, step: int, model: Model, what: str) -> ValueError:
+    largest = max(float(p.detach().abs().max()) for p in model.parameters())
+    return ValueError(f"training diverged at step {step + 1} of {cfg.steps}: {what} (largest weight magnitude "
+                      f"{largest:.3g}); lower lr (now {cfg.lr:g}) or coupling_lr_multiplier "
+                      f"(now {cfg.coupling_lr_multiplier:g}), or clip gradients (grad_clip now {cfg.grad_clip:g})")
 
 
 def _per_rank(state: Tensor, world: int) -> Tensor:
