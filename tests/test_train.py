@@ -265,6 +265,14 @@ def _no_training(*args, **kwargs):
     raise AssertionError("training started")
 
 
+@pytest.mark.parametrize("method", ["tap", "gibbs", "pt"])
+def test_unknown_option_of_a_forwarding_method_is_a_value_error(method):
+    """These methods take **options, so the name is checked by the library at the first step: a ValueError."""
+    cfg = TrainConfig(task="brackets", T=4, method=method, method_options={"bogus": 1}, **{**SHORT, "steps": 2})
+    with pytest.raises(ValueError, match="bogus"):
+        train(cfg, progress=False)
+
+
 def test_grad_clip_inf_disables_clipping_and_good_configs_pass():
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -191,7 +191,7 @@ def _check_method_options(method: str, options) -> None:
         _integer("method_options['max_spins']", options["max_spins"], 1)
     parameters = inspect.signature(ising.METHODS[method][0]).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return  # the method forwards its options: the library names an unknown one at the first step
+        return  # the method forwards its options: an unknown one is named at the first step (see _train)
     known = sorted(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
     unknown = sorted(set(options) - set(known))
     if unknown:
@@ -477,6 +477,11 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
             if not stepped:
                 raise
             raise _diverged(cfg, step, model, str(e)) from None
+        except TypeError as e:  # a method that forwards its options (validate cannot see their names)
+            if stepped or "unexpected keyword argument" not in str(e):
+                raise
+            raise ValueError(f"method_options {cfg.method_options} has an option that method {cfg.method!r} "
+                             f"does not take: {e}") from None
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", **({"val": _headline(history[-1])} if history else {}))
