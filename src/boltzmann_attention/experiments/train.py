@@ -410,6 +410,9 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
     checkpoint's, its folder is created and checked to be writable before training. ``threads``: torch
     threads for this run (restored afterwards; default: leave torch's setting; see :func:`default_threads`).
     ``wall_time_s`` is the training time summed over every segment of a resumed run.
+
+    Raises ValueError before training for a bad config or output path, and during training when the run
+    diverges (a non-finite loss, or weights the marginals reject, after a step that worked).
     """
     cfg.validate()
     _integer("checkpoint_interval", checkpoint_interval, 1)
