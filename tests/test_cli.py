@@ -29,6 +29,13 @@ def test_train_help_shows_choices_defaults_and_help(capsys):
         assert text in out, text
 
 
+@pytest.mark.parametrize("flag, value", [("--grad-clip", "-1"), ("--lr", "inf"), ("--field-bias-init", "nan"),
+                                         ("--n-heads", "0"), ("--eval-interval", "0"), ("--weight-decay", "-5")])
+def test_bad_values_are_refused_before_training(flag, value, capsys):
+    assert cli.main(["train", flag, value, "--steps", "1"]) == 2
+    assert f"{flag[2:].replace('-', '_')} must be" in capsys.readouterr().err
+
+
 def test_a_misspelled_option_shows_the_subcommands_usage(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["train", "--stepz", "3"])
@@ -56,16 +63,16 @@ def test_train_says_where_it_writes_and_cleans_its_default_checkpoint(tmp_path, 
     out = tmp_path / "sub" / "run.json"
     assert cli.main(["train", *TINY, "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    assert f"results -> {out}" in err and f"checkpoint -> {out}.ckpt.pt" in err
+    assert f"results -> {out}" in err and f"checkpoint -> {tmp_path / 'sub' / 'run.ckpt.pt'}" in err
     assert json.loads(out.read_text())["config"]["steps"] == 3
-    assert not (tmp_path / "sub" / "run.json.ckpt.pt").exists()  # removed once the result is written
+    assert not (tmp_path / "sub" / "run.ckpt.pt").exists()  # removed once the result is written
 
 
 def test_unwritable_out_fails_before_training(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert cli.main(["train", *TINY, "--out", str(blocker / "run.json")]) == 2
-    assert "cannot write" in capsys.readouterr().err
+    assert str(blocker) in capsys.readouterr().err
 
 
 def test_sweep_set_errors_name_the_field(tmp_path, capsys):

@@ -1,10 +1,12 @@
 """Tests for boltzmann_attention.data: Tiny Shakespeare and bracket matching."""
 
 import gzip
+import re
 
 import pytest
 import torch
 
+from boltzmann_attention.experiments import data as data_module
 from boltzmann_attention.experiments.data import (
     CLOSE,
     IGNORE,
@@ -13,6 +15,7 @@ from boltzmann_attention.experiments.data import (
     BracketData,
     CharVocabulary,
     ShakespeareData,
+    _bundled_file,
     check_brackets,
     generate_brackets,
     load_shakespeare,
@@ -53,6 +56,36 @@ def test_corrupted_copy_fails_checksum(tmp_path):
     (tmp_path / "bad.txt.gz").write_bytes(gzip.compress(bytes(raw)))
     with pytest.raises(ValueError, match="checksum mismatch"):
         load_shakespeare(tmp_path / "bad.txt.gz")
+
+
+def _damaged(kind: str) -> bytes:
+    """The bundled gzip file, damaged inside the stream, truncated, or recompressed with one character changed."""
+    good = _bundled_file().read_bytes()
+    if kind == "bit flip":
+        raw = bytearray(good)
+        raw[len(raw) // 2] ^= 0x01
+        return bytes(raw)
+    if kind == "truncated":
+        return good[: len(good) // 2]
+    text = bytearray(gzip.decompress(good))
+    text[1000] = ord("X") if text[1000] != ord("X") else ord("Y")
+    return gzip.compress(bytes(text))
+
+
+@pytest.mark.parametrize("kind", ["bit flip", "truncated", "changed text"])
+def test_corrupted_bundled_data_gives_one_clear_error(kind, tmp_path, monkeypatch):
+    copy = tmp_path / "tinyshakespeare.txt.gz"
+    copy.write_bytes(_damaged(kind))
+    monkeypatch.setattr(data_module, "_bundled_file", lambda: copy)
+    data_module._load_bundled.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=f"bundled Tiny Shakespeare {re.escape(str(copy))} is corrupt.*"
+                                             "package data is corrupt: reinstall"):
+            load_shakespeare()
+        with pytest.raises(ValueError, match=f"Tiny Shakespeare file {re.escape(str(copy))} is corrupt"):
+            load_shakespeare(copy)  # the same check for a file given by path
+    finally:
+        data_module._load_bundled.cache_clear()
 
 
 def test_vocabulary_round_trip(shakespeare):

@@ -1,20 +1,34 @@
 """Training: the loss goes down, resume is bit-exact, errors come before training, DDP runs."""
 
+import io
 import json
+import math
 import os
+import re
 import socket
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from boltzmann_attention.experiments import train as train_module
 from boltzmann_attention.experiments.model import Model, ModelConfig
 from boltzmann_attention.experiments.sweep import Grid, profile, run_name, sweep
-from boltzmann_attention.experiments.train import TrainConfig, marginals_method, train
+from boltzmann_attention.experiments.train import (
+    TrainConfig,
+    default_checkpoint,
+    default_threads,
+    marginals_method,
+    read_checkpoint,
+    train,
+)
 
 SMALL = dict(steps=40, batch_size=16, eval_interval=20, eval_windows=64, d_model=16, d_ff=32, warmup_steps=5)
+SHORT = {**SMALL, "warmup_steps": 0}  # for runs of a few steps (no warning that warm-up never ends)
 
 
 @pytest.mark.parametrize("task,mode", [("shakespeare", "h+J"), ("brackets", "h+J"), ("shakespeare", "softmax"),
@@ -24,7 +38,7 @@ def test_a_few_steps_lower_the_loss(task, mode):
     result = train(TrainConfig(task=task, T=6, mode=mode, **SMALL), progress=False)
     first, last = result["history"][0], result["history"][-1]
     assert last["step"] == 40 and last["loss"] < first["loss"]
-    initial = TrainConfig(task=task, T=6, mode=mode, **{**SMALL, "steps": 1, "eval_interval": 1})
+    initial = TrainConfig(task=task, T=6, mode=mode, **{**SHORT, "steps": 1, "eval_interval": 1})
     assert result["metrics"]["val"]["loss"] < train(initial, progress=False)["metrics"]["val"]["loss"]
     if "J" in mode:
         J = torch.tensor(result["couplings"])
@@ -70,28 +84,214 @@ def _train_until(cfg, path, stop):
 
 
 def test_bad_checkpoints_raise_clear_errors(tmp_path):
-    cfg = TrainConfig(task="shakespeare", T=5, **{**SMALL, "steps": 2})
+    cfg = TrainConfig(task="shakespeare", T=5, **{**SHORT, "steps": 2})
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="corrupted or unreadable"):
+    with pytest.raises(ValueError, match="corrupted"):
         train(cfg, checkpoint=bad, progress=False)
     other = tmp_path / "other.pt"
     _train_until(replace(cfg, steps=4), other, stop=2)
     with pytest.raises(ValueError, match="another config"):
         train(replace(cfg, mode="h", steps=4), checkpoint=other, progress=False)
+    with pytest.raises(ValueError, match=r"written by a run of 1 process\(es\), this one has 2"):
+        train_module.load_checkpoint(other, replace(cfg, steps=4), None, None, None, None, rank=1, world=2)
+
+
+class _Payload:
+    """Unpickling this runs code: it writes ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
+
+
+def test_crafted_checkpoint_cannot_run_code(tmp_path):
+    """A pickle payload is refused, as a plain torch file and even framed with a valid checksum."""
+    marker = tmp_path / "pwned"
+    buffer = io.BytesIO()
+    torch.save({"format": 2, "payload": _Payload(marker)}, buffer)
+    torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)  # the payload is live ...
+    assert marker.exists()
+    marker.unlink()
+    cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+    framed = train_module._frame(buffer.getvalue())  # as an attacker who knows the format would write it
+    for content, message in ((buffer.getvalue(), "plain torch file without a checksum, not loaded"),
+                             (framed, r"refused: it holds objects other than tensors.*could run code")):
+        crafted = tmp_path / "crafted.pt"
+        crafted.write_bytes(content)
+        with pytest.raises(ValueError, match=message):
+            train(cfg, checkpoint=crafted, progress=False)
+        assert not marker.exists()  # ... but never ran
+
+
+def test_bit_flip_in_checkpoint_tensor_data_is_refused(tmp_path):
+    cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+    path = tmp_path / "run.pt"
+    train(replace(cfg, steps=4), checkpoint=path, checkpoint_interval=2, progress=False)
+    weight = read_checkpoint(path)["model"]["token_embedding.weight"]
+    raw = bytearray(path.read_bytes())
+    at = raw.find(weight.numpy().tobytes())
+    assert at > 0
+    raw[at + 5] ^= 0x10  # one bit inside the embedding's float data
+    path.write_bytes(bytes(raw))
+    header = len(train_module._MAGIC) + 65
+    flipped = torch.load(io.BytesIO(bytes(raw[header:])), weights_only=True)["model"]["token_embedding.weight"]
+    assert (flipped != weight).sum() == 1  # torch alone would load the changed weight
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ".*sha256 checksum.*delete it to restart"):
+        train(replace(cfg, steps=4), checkpoint=path, progress=False)
+
+
+def test_output_paths_are_checked_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "Task", _no_training)
+    cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for bad, message in ((dict(checkpoint=blocker / "run.pt"), "cannot write the checkpoint"),
+                         (dict(out=blocker / "sub" / "run.json"), "cannot write the result"),
+                         (dict(checkpoint=tmp_path), "is a folder"),
+                         (dict(out=tmp_path / "same", checkpoint=tmp_path / "same"), "different files")):
+        with pytest.raises(ValueError, match=message):
+            train(cfg, progress=False, **bad)
+    # missing folders are created, and nothing is left in them; then training starts
+    checkpoint, out = tmp_path / "new" / "deep" / "run.pt", tmp_path / "other" / "run.json"
+    with pytest.raises(AssertionError, match="training started"):
+        train(cfg, checkpoint=checkpoint, out=out, progress=False)
+    assert checkpoint.parent.is_dir() and out.parent.is_dir()
+    assert not any(checkpoint.parent.iterdir()) and not any(out.parent.iterdir())
+
+
+def test_read_only_folder_fails_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "Task", _no_training)
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        try:
+            (folder / "probe").write_text("")
+        except PermissionError:
+            pass
+        else:
+            pytest.skip("this user (root) can write to a read-only folder; the path-under-a-file test covers it")
+        cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+        for where in ("out", "checkpoint"):
+            with pytest.raises(ValueError, match="cannot write"):
+                train(cfg, progress=False, **{where: folder / "run.x"})
+    finally:
+        folder.chmod(0o700)
+
+
+def test_default_checkpoint_resumes_and_wall_time_sums_segments(tmp_path, monkeypatch):
+    out = tmp_path / "run.json"
+    checkpoint = default_checkpoint(out)
+    assert checkpoint == tmp_path / "run.ckpt.pt"
+    cfg = TrainConfig(task="brackets", T=4, **{**SMALL, "steps": 6, "eval_interval": 3, "warmup_steps": 2})
+    ticks = iter(range(0, 10**6, 1000))  # a slow first segment: 1000 s between clock readings
+    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    _train_until(cfg, checkpoint, stop=3)
+    assert read_checkpoint(checkpoint)["elapsed_s"] >= 1000.0
+    monkeypatch.undo()
+    result = train(cfg, checkpoint=checkpoint, out=out, progress=False)
+    assert result["steps_run"] == 3
+    assert 1000.0 < result["wall_time_s"] < 1000.0 + 60.0  # the first segment plus this one
+
+
+def test_threads_are_set_for_the_run_and_restored():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+        assert train(cfg, threads=1, progress=False)["threads"] == 1
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError, match="threads must be an integer >= 1"):
+            train(cfg, threads=0, progress=False)
+    finally:
+        torch.set_num_threads(before)
+    cores = len(os.sched_getaffinity(0))
+    for runs in (1, 2, 3, 64):
+        per_run = default_threads(runs)
+        assert per_run >= 1 and (per_run * runs <= cores or per_run == 1)
+    assert default_threads(1) == cores
 
 
 @pytest.mark.parametrize("change,message", [
     (dict(task="copying"), "unknown task"),
     (dict(mode="K"), "unknown mode"),
     (dict(method="magic"), "unknown method"),
+    (dict(coupling="diagonal"), "unknown coupling"),
     (dict(T=30), "beyond method 'exact'"),
     (dict(mode="h+K", method="meanfield"), "needs method='exact'"),
     (dict(T=17, method="dqa"), "beyond method 'dqa'"),
+    (dict(grad_clip=-1.0), "grad_clip must be a number"),
+    (dict(grad_clip=math.nan), "grad_clip"),
+    (dict(lr=math.inf), "lr must be a finite number > 0"),
+    (dict(lr=0.0), "lr must be"),
+    (dict(lr=20.0), r"lr \* weight_decay must be < 1"),
+    (dict(lr=1e3, weight_decay=0.0, coupling_lr_multiplier=1e36), "overflows float32"),
+    (dict(weight_decay=-5.0), "weight_decay must be a finite number >= 0"),
+    (dict(eval_interval=0), "eval_interval must be an integer >= 1"),
+    (dict(n_heads=0), "n_heads must be an integer >= 1"),
+    (dict(field_bias_init=math.nan), "field_bias_init must be a finite number"),
+    (dict(field_bias_init=-math.inf), "field_bias_init"),
+    (dict(steps=0), "steps must be"),
+    (dict(steps=2.5), "steps must be an integer"),
+    (dict(batch_size=True), "batch_size must be an integer"),
+    (dict(warmup_steps=-1), "warmup_steps must be an integer >= 0"),
+    (dict(min_lr_ratio=1.5), r"min_lr_ratio must be a finite number >= 0 and <= 1"),
+    (dict(d_model=15, n_heads=2), "divisible by n_heads"),
+    (dict(d_ff=-1), "d_ff must be an integer >= 0"),
+    (dict(n_layers=0), "n_layers"),
+    (dict(coupling_init_std=math.inf), "coupling_init_std"),
+    (dict(coupling_lr_multiplier=0.0), "coupling_lr_multiplier must be a finite number > 0"),
+    (dict(num_fillers=0), "num_fillers"),
+    (dict(eval_windows=0), "eval_windows"),
+    (dict(seed=-1), "seed must be an integer in"),
+    (dict(T="8"), "T must be an integer"),
+    (dict(learn_field_bias="yes"), "learn_field_bias must be true or false"),
+    (dict(method_options=["bandwidth"]), "method_options must be a dict"),
+    (dict(method_options={"bogus": 1}), r"unknown option\(s\) \['bogus'\] for method 'exact'; known options: \['max"),
+    (dict(method="banded", method_options={"band": 3}), r"\['band'\].*known options: \['bandwidth', 'chunk_size'"),
+    (dict(method_options={"max_spins": "24"}), r"max_spins'\] must be an integer"),
 ])
-def test_bad_configs_fail_before_training(change, message):
+def test_bad_configs_fail_before_training(change, message, monkeypatch):
+    monkeypatch.setattr(train_module, "Task", _no_training)
     with pytest.raises(ValueError, match=message):
         train(TrainConfig(**{**SMALL, **change}), progress=False)
+
+
+def _no_training(*args, **kwargs):
+    raise AssertionError("training started")
+
+
+@pytest.mark.parametrize("method", ["tap", "gibbs", "pt"])
+def test_unknown_option_of_a_forwarding_method_is_a_value_error(method):
+    """These methods take **options, so the name is checked by the library at the first step: a ValueError."""
+    cfg = TrainConfig(task="brackets", T=4, method=method, method_options={"bogus": 1}, **{**SHORT, "steps": 2})
+    with pytest.raises(ValueError, match="bogus"):
+        train(cfg, progress=False)
+
+
+def test_grad_clip_inf_disables_clipping_and_good_configs_pass():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TrainConfig(grad_clip=math.inf).validate()
+        TrainConfig(d_ff=0, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.0, field_bias_init=-1.5,
+                    method="banded", method_options={"bandwidth": 3}).validate()
+        TrainConfig(steps=11, warmup_steps=10).validate()
+
+
+@pytest.mark.parametrize("mode", ["h+J", "softmax"])
+def test_divergence_is_a_clear_error_not_nan_metrics(mode):
+    """A learning rate that blows the weights up stops the run, instead of NaN metrics or a library error."""
+    cfg = TrainConfig(task="brackets", T=4, mode=mode, lr=1e10, weight_decay=0.0, **{**SHORT, "steps": 3})
+    with pytest.raises(ValueError, match=r"training diverged at step [12] of 3: .*lower lr \(now 1e\+10\)"):
+        train(cfg, progress=False)
+
+
+def test_warmup_that_never_ends_warns():
+    with pytest.warns(UserWarning, match=r"warmup_steps \(10\) >= steps \(10\)"):
+        TrainConfig(steps=10, warmup_steps=10).validate()
 
 
 def test_position_head_masks_later_positions():
@@ -104,7 +304,7 @@ def test_position_head_masks_later_positions():
 
 
 def test_sweep_skips_finished_runs(tmp_path):
-    grid = Grid(("brackets",), (4,), modes=("softmax", "h"), seeds=(0,), overrides={**SMALL, "steps": 3})
+    grid = Grid(("brackets",), (4,), modes=("softmax", "h"), seeds=(0,), overrides={**SHORT, "steps": 3})
     names = sweep([grid], tmp_path)
     assert sorted(names) == sorted(run_name(cfg) for _, cfg in grid.runs())
     saved = json.loads((tmp_path / "runs" / f"{names[0]}.json").read_text())
@@ -141,8 +341,65 @@ def test_ddp_two_processes(tmp_path):
     assert result["steps_run"] == 6 and result["history"][-1]["step"] == 6
 
 
+_DDP_RESUME = """
+import json, sys
+import torch.distributed as dist
+import boltzmann_attention.experiments.train as T
+
+cfg = T.TrainConfig(task="brackets", T=5, steps=4, batch_size=8, eval_interval=2, d_model=16, d_ff=32,
+                    warmup_steps=1)
+full = T.train(cfg, progress=False)
+
+
+class Killed(Exception):
+    pass
+
+
+save, per_rank, calls = T.save_checkpoint, T._per_rank, []
+
+
+def save_then_die(*args, **kwargs):  # rank 0: write the step-2 checkpoint, then die
+    save(*args, **kwargs)
+    raise Killed
+
+
+def gather_then_die(state, world):  # rank 1: die once both RNG states are gathered
+    calls.append(1)
+    if len(calls) == 2 and dist.get_rank() == 1:
+        per_rank(state, world)
+        raise Killed
+    return per_rank(state, world)
+
+
+T.save_checkpoint, T._per_rank = save_then_die, gather_then_die
+try:
+    T.train(cfg, checkpoint=sys.argv[1], checkpoint_interval=2, progress=False)
+except Killed:
+    pass
+T.save_checkpoint, T._per_rank = save, per_rank
+dist.barrier()  # the checkpoint is written before anyone resumes
+resumed = T.train(cfg, checkpoint=sys.argv[1], progress=False)
+if dist.get_rank() == 0:
+    keys = ("metrics", "history", "couplings")
+    json.dump({"steps_run": resumed["steps_run"], "equal": [full[k] == resumed[k] for k in keys]},
+              open(sys.argv[2], "w"))
+"""
+
+
+def test_ddp_resume_equals_uninterrupted_run(tmp_path):
+    """Each process resumes its own data order: a killed 2-process run resumes bit for bit."""
+    script, out = tmp_path / "resume.py", tmp_path / "out.json"
+    script.write_text(_DDP_RESUME)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), str(script), str(tmp_path / "run.pt"), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text()) == {"steps_run": 2, "equal": [True, True, True]}
+
+
 def test_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path):
-    grid = Grid(("brackets",), (4,), modes=("softmax", "h"), seeds=(0,), overrides={**SMALL, "steps": 2})
+    grid = Grid(("brackets",), (4,), modes=("softmax", "h"), seeds=(0,), overrides={**SHORT, "steps": 2})
     bad = tmp_path / "checkpoints" / f"{run_name(grid.runs()[0][1])}.pt"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"garbage")
@@ -162,7 +419,7 @@ def test_sampled_methods_train_end_to_end(mode, method, options):
     cfg = TrainConfig(task="brackets", T=4, mode=mode, method=method, method_options=options,
                       **{**SMALL, "steps": 30, "eval_interval": 30, "coupling_init_std": 0.05})
     result = train(cfg, progress=False)
-    initial = train(replace(cfg, steps=1, eval_interval=1), progress=False)
+    initial = train(replace(cfg, steps=1, eval_interval=1, warmup_steps=0), progress=False)
     assert result["metrics"]["val"]["loss"] < initial["metrics"]["val"]["loss"]
     assert torch.tensor(result["couplings"]).ne(torch.tensor(initial["couplings"])).any()
     # the same weights are also evaluated with exact marginals (brackets: val and test)
@@ -183,5 +440,6 @@ def test_marginals_method_swaps_and_restores():
         with marginals_method(sampled, "exact"):
             assert torch.allclose(sampled(x), exact(x), atol=1e-6)
         assert sampled.blocks[0].attn.method == "dqa" and sampled.blocks[0].attn.method_options == {"num_samples": 8}
-    exact_result = train(replace(cfg, method="exact", method_options={}, steps=2, eval_interval=2), progress=False)
+    exact_result = train(replace(cfg, method="exact", method_options={}, steps=2, eval_interval=2, warmup_steps=0),
+                         progress=False)
     assert "val_exact" not in exact_result["metrics"]

@@ -114,7 +114,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     _add_config_arguments(p_train)
     p_train.add_argument("--out", default="results/train.json", help="results JSON path (default: %(default)s)")
     p_train.add_argument("--checkpoint", help="checkpoint path; an existing one is resumed "
-                                              "(default: next to --out, <out>.ckpt.pt, removed when the run ends)")
+                                              "(default: next to --out, <out stem>.ckpt.pt, removed when the run ends)")
+    p_train.add_argument("--threads", type=int, help="torch threads for this run (default: torch's setting; "
+                                                     "use 1 when two runs share 2 cores)")
 
     p_sweep = sub.add_parser("sweep", help="a grid of task x T x mode x method x seed; skips finished runs",
                              description="Run a grid of task x T x mode x method x seed; finished runs are "
@@ -164,19 +166,6 @@ def main(argv=None) -> int:
         return 2
 
 
-def _check_writable(path: Path) -> None:
-    """Create the folder of ``path`` and prove that a file can be written there, before any training."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        probe = path.with_name(f".{path.name}.write-test")
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
-    if path.is_dir():
-        raise ValueError(f"{path} is a folder; give a file path")
-
-
 def _sweep_overrides(items: list[str]) -> dict:
     known = {f.name for f in fields(TrainConfig)}
     overrides = {}
@@ -195,19 +184,17 @@ def _dispatch(args) -> int:
     from . import sweep as experiments
 
     if args.command == "train":
-        from .train import train, write_result
+        from .train import default_checkpoint, train, write_result
 
         cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
         cfg.validate()
         out = Path(args.out)
-        checkpoint = Path(args.checkpoint) if args.checkpoint else out.with_name(out.name + ".ckpt.pt")
-        for path in (out, checkpoint):
-            _check_writable(path)
-        print(f"results -> {out}, checkpoint -> {checkpoint}", file=sys.stderr)
-        result = train(cfg, checkpoint=checkpoint)
+        checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint(out)
+        print(f"results -> {out}, checkpoint -> {checkpoint} (a killed run resumes from it)", file=sys.stderr)
+        result = train(cfg, checkpoint=checkpoint, out=out, threads=args.threads)
         if result is not None:  # None on DDP ranks other than 0
             write_result(result, out)
-            if not args.checkpoint:
+            if not args.checkpoint:  # the default one has served its purpose
                 checkpoint.unlink(missing_ok=True)
             print(json.dumps(result["metrics"]), f"({result['wall_time_s']:.1f} s) -> {out}")
     elif args.command == "sweep":

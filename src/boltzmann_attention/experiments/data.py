@@ -13,6 +13,7 @@ import functools
 import gzip
 import hashlib
 import os
+import zlib
 from importlib import resources
 
 import numpy as np
@@ -59,32 +60,49 @@ def _positive_int(name: str, value, minimum: int = 1) -> int:
 # Tiny Shakespeare
 # ----------------------------------------------------------------------------------------------------------
 
-def _verify_and_decode(raw: bytes, source: str) -> str:
+def _verify_and_decode(raw: bytes, source: str, bundled: bool = False) -> str:
+    """Gunzip ``raw`` if it is gzip, check the sha256 of the text and decode it; one ValueError for any fault."""
+    what = f"the bundled Tiny Shakespeare {source}" if bundled else f"Tiny Shakespeare file {source}"
+    remedy = ("the package data is corrupt: reinstall boltzmann-attention" if bundled
+              else "use an intact copy (or path=None for the bundled one)")
+    try:
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
+        raise ValueError(f"{what} is corrupt (its gzip stream does not decompress: {e}); {remedy}") from None
     digest = hashlib.sha256(raw).hexdigest()
     if digest != SHAKESPEARE_SHA256:
-        raise ValueError(f"Tiny Shakespeare checksum mismatch for {source}: "
-                         f"expected sha256 {SHAKESPEARE_SHA256}, got {digest}")
+        raise ValueError(f"{what} is corrupt (checksum mismatch: expected sha256 {SHAKESPEARE_SHA256}, "
+                         f"got {digest}); {remedy}")
     return raw.decode("utf-8")
+
+
+def _bundled_file():
+    return resources.files("boltzmann_attention.experiments").joinpath(_BUNDLED)
 
 
 @functools.lru_cache(maxsize=1)
 def _load_bundled() -> str:
-    raw = gzip.decompress(resources.files("boltzmann_attention.experiments").joinpath(_BUNDLED).read_bytes())
-    return _verify_and_decode(raw, f"bundled {_BUNDLED}")
+    bundled = _bundled_file()
+    try:
+        raw = bundled.read_bytes()
+    except OSError as e:
+        raise ValueError(f"the bundled Tiny Shakespeare {bundled} cannot be read ({e.strerror or e}); the "
+                         "package data is missing: reinstall boltzmann-attention") from None
+    return _verify_and_decode(raw, str(bundled), bundled=True)
 
 
 def load_shakespeare(path: str | os.PathLike | None = None) -> str:
     """The Tiny Shakespeare text (1,115,394 characters), sha256-verified.
 
     ``path=None`` reads the copy bundled with the package (cached); otherwise a ``.txt`` or gzip file
-    (detected by its magic bytes). Raises ``ValueError`` on a checksum mismatch.
+    (detected by its magic bytes). Raises ``ValueError`` naming the file for a damaged gzip stream or a
+    checksum mismatch (for the bundled copy: the package data is corrupt, reinstall).
     """
     if path is None:
         return _load_bundled()
     with open(path, "rb") as f:
         raw = f.read()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
     return _verify_and_decode(raw, os.fspath(path))
 
 

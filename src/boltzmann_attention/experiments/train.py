@@ -5,25 +5,46 @@ AdamW, lr 3e-3, betas (0.9, 0.95), weight decay 0.1 on weight matrices only (nev
 bias), 200 warm-up steps then cosine decay to 10% of lr, gradient clipping at 1.0, batch 64, 4000 steps.
 
 Reproducibility: the seed fixes the initialisation (torch's global RNG) and the data order (a separate
-torch.Generator). A checkpoint holds model, optimiser, scheduler, both RNG states, config and step, so a
-resumed run equals an uninterrupted one bit for bit on CPU.
+torch.Generator). A checkpoint holds model, optimiser, scheduler, both RNG states, config, step and the
+training time so far, so a resumed run equals an uninterrupted one bit for bit on CPU (with the same number
+of threads) and its ``wall_time_s`` is the sum over its segments.
+
+Checkpoints: a header line, the sha256 of the payload, then the payload (a ``torch.save`` file of tensors
+and plain Python data only). Loading checks the sha256 first and then unpickles with ``weights_only=True``,
+so a damaged file is refused and a crafted one cannot run code. Written atomically (temp file, fsync,
+``os.replace``). :func:`default_checkpoint` is the path next to a result file.
+
+Threads: ``train(threads=n)`` runs with n torch threads (restored afterwards); the default keeps torch's
+current setting (all cores unless set). Concurrent runs on one machine must share the cores: give each
+``threads=default_threads(concurrent_runs)`` (cores // runs), since more threads than cores make torch's
+OpenMP threads spin against each other (two runs with two threads each on 2 cores ran ~20x slower).
 
 Distributed: under ``torchrun`` (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel over gloo;
-each rank draws batch_size / world_size examples from its own generator; rank 0 evaluates and writes.
+each rank draws batch_size / world_size examples from its own generator; rank 0 evaluates and writes. A
+checkpoint holds every rank's RNG states, so a run resumes with the number of processes that wrote it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import io
 import json
 import math
+import numbers
 import os
+import pickle
+import re
+import tempfile
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import ising
@@ -35,7 +56,11 @@ from . import data as datasets
 from .model import INITS, Model, ModelConfig, loss_fn
 
 TASKS = ("shakespeare", "brackets")
-CHECKPOINT_FORMAT = 1
+COUPLINGS = ("full", "relative")
+CHECKPOINT_FORMAT = 2
+_MAGIC = b"boltzmann-attention checkpoint 2\n"  # then 64 hex digits of sha256(payload), a newline, the payload
+MAX_SEED = 2**53
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 @dataclass
@@ -69,15 +94,41 @@ class TrainConfig:
     beta2: float = 0.95                # AdamW's second-moment decay (nanoGPT's Shakespeare config: 0.99)
 
     def validate(self) -> None:
-        """Raise ValueError for anything that would fail later, before any training."""
-        if self.task not in TASKS:
-            raise ValueError(f"unknown task {self.task!r}; choose one of {TASKS}")
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; choose one of {MODES}")
-        if self.method not in ising.METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose one of {sorted(ising.METHODS)}")
-        if self.T < 2:
-            raise ValueError("T must be at least 2")
+        """Raise ValueError for anything that would fail or train wrongly later, before any training.
+
+        Checks every field's type and range, the mode/method/T combination and the names of
+        ``method_options`` where the method's signature lists them (otherwise the library checks them at
+        the first step). Warns (UserWarning) when warm-up never ends (warmup_steps >= steps).
+        """
+        _choice("task", self.task, TASKS)
+        _choice("mode", self.mode, MODES)
+        _choice("method", self.method, sorted(ising.METHODS))
+        _choice("coupling", self.coupling, COUPLINGS)
+        _integer("T", self.T, 2)
+        _integer("seed", self.seed, 0, MAX_SEED - 1)
+        for name, minimum in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("eval_interval", 1),
+                              ("eval_windows", 1), ("d_model", 1), ("n_heads", 1), ("n_layers", 1), ("d_ff", 0),
+                              ("num_fillers", 1)):
+            _integer(name, getattr(self, name), minimum)
+        _number("lr", self.lr, above=0.0)
+        _number("min_lr_ratio", self.min_lr_ratio, at_least=0.0, at_most=1.0)
+        _number("weight_decay", self.weight_decay, at_least=0.0)
+        _number("grad_clip", self.grad_clip, above=0.0, allow_inf=True)  # inf: no clipping
+        _number("coupling_init_std", self.coupling_init_std, at_least=0.0)
+        _number("coupling_lr_multiplier", self.coupling_lr_multiplier, above=0.0)
+        if self.field_bias_init is not None:
+            _number("field_bias_init", self.field_bias_init)
+        if not isinstance(self.learn_field_bias, bool):
+            raise ValueError(f"learn_field_bias must be true or false, got {self.learn_field_bias!r}")
+        for name, value in (("lr", self.lr), ("lr * coupling_lr_multiplier", self.lr * self.coupling_lr_multiplier)):
+            if value > FLOAT32_MAX:
+                raise ValueError(f"{name} = {value:g} overflows float32, the training precision")
+        if self.lr * self.weight_decay >= 1.0:
+            raise ValueError(f"lr * weight_decay must be < 1 (AdamW scales the weights by 1 - lr * weight_decay "
+                             f"every step), got {self.lr * self.weight_decay:g}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        _check_method_options(self.method, self.method_options)
         limit = {"exact": self.method_options.get("max_spins", EXACT_MAX_SPINS), "reference": 20,
                  "dqa": DQA_MAX_SPINS}.get(self.method)
         if self.mode not in ("softmax", "h") and limit is not None and self.T > limit:
@@ -85,12 +136,13 @@ class TrainConfig:
                              "use method='banded' (with coupling='relative'), 'meanfield' or 'tap'")
         if "K" in self.mode and self.method not in ("exact", "reference"):
             raise ValueError(f"mode {self.mode!r} (three-body couplings) needs method='exact'")
-        if self.init not in INITS:
-            raise ValueError(f"unknown init {self.init!r}; choose one of {INITS}")
-        if not 0.0 <= self.beta2 < 1.0:
+        _choice("init", self.init, INITS)
+        _number("beta2", self.beta2, at_least=0.0)
+        if self.beta2 >= 1.0:
             raise ValueError(f"beta2 must lie in [0, 1), got {self.beta2}")
-        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ValueError("steps, batch_size and lr must be positive")
+        if self.warmup_steps >= self.steps:
+            warnings.warn(f"warmup_steps ({self.warmup_steps}) >= steps ({self.steps}): the learning rate never "
+                          f"reaches lr and never decays", stacklevel=2)
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(
@@ -107,6 +159,49 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown config fields: {sorted(unknown)}")
         return cls(**d)
+
+
+def _choice(name: str, value, choices) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {tuple(choices)}")
+
+
+def _integer(name: str, value, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum or (
+            maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+
+
+def _number(name: str, value, *, above: float | None = None, at_least: float | None = None,
+            at_most: float | None = None, allow_inf: bool = False) -> None:
+    """ValueError unless value is a real number, finite (or +inf if allowed) and within the bounds."""
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and not math.isnan(value)
+    ok = ok and (math.isfinite(value) or (allow_inf and value == math.inf))
+    ok = ok and (above is None or value > above) and (at_least is None or value >= at_least)
+    ok = ok and (at_most is None or value <= at_most)
+    if not ok:
+        bounds = [f"> {above:g}" if above is not None else "", f">= {at_least:g}" if at_least is not None else "",
+                  f"<= {at_most:g}" if at_most is not None else ""]
+        bound = " and ".join(b for b in bounds if b)
+        kind = "a number (inf allowed)" if allow_inf else "a finite number"
+        raise ValueError(f"{name} must be {kind}{' ' + bound if bound else ''}, got {value!r}")
+
+
+def _check_method_options(method: str, options) -> None:
+    """ValueError for options that are not a dict of names, or (where the method's signature lists its
+    keyword options) for a name the method does not take."""
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise ValueError(f"method_options must be a dict of option names to values, got {options!r}")
+    if "max_spins" in options:
+        _integer("method_options['max_spins']", options["max_spins"], 1)
+    parameters = inspect.signature(ising.METHODS[method][0]).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return  # the method forwards its options: an unknown one is named at the first step (see _train)
+    known = sorted(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for method {method!r}; known options: {known}")
 
 
 class Task:
@@ -146,9 +241,13 @@ class Task:
                 correct += int(((out.argmax(-1) == yb) & labelled).sum())
         loss = nll_sum / count
         if self.cfg.task == "shakespeare":
-            return {"loss": loss, "ppl": math.exp(loss), "loss_last": nll_last / len(x),
-                    "ppl_last": math.exp(nll_last / len(x))}
+            last = nll_last / len(x)
+            return {"loss": loss, "ppl": _exp(loss), "loss_last": last, "ppl_last": _exp(last)}
         return {"loss": loss, "accuracy": correct / count}
+
+
+def _exp(x: float) -> float:
+    return math.inf if x > 709.0 else math.exp(x)  # a perplexity beyond float64 is inf, not an OverflowError
 
 
 def _lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -171,41 +270,138 @@ def build_optimizer(model: Model, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2))
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, generator, cfg: TrainConfig, step: int,
-                    history: list) -> None:
-    state = {"format": CHECKPOINT_FORMAT, "config": asdict(cfg), "step": step, "history": history,
-             "model": model.state_dict(),
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "data_rng": generator.get_state(), "torch_rng": torch.get_rng_state()}
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: a killed run never leaves a half-written checkpoint
+def default_checkpoint(out: str | Path) -> Path:
+    """The checkpoint path that goes with the result file ``out``: ``results/x.json`` -> ``results/x.ckpt.pt``."""
+    return Path(out).with_suffix(".ckpt.pt")
 
 
-def load_checkpoint(path: Path, cfg: TrainConfig, model, optimizer, scheduler, generator) -> tuple[int, list]:
-    """Restore a checkpoint written by :func:`save_checkpoint` for the same config; returns (step, history)."""
+def default_threads(concurrent_runs: int = 1) -> int:
+    """Torch threads per run for ``concurrent_runs`` runs sharing this machine: usable cores // runs (>= 1)."""
+    _integer("concurrent_runs", concurrent_runs, 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // concurrent_runs)
+
+
+def check_output_path(path: str | Path, what: str = "output") -> Path:
+    """Create the folder of ``path`` if missing and check that a file can be written there (by writing and
+    removing a temporary file); ValueError naming the path otherwise. Returns ``path`` as a Path."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"the {what} path {path} is a folder; give a file path")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # truncated or not a torch file
-        raise ValueError(f"checkpoint {path} is corrupted or unreadable: {e}") from None
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {path} is not a boltzmann-attention checkpoint of format {CHECKPOINT_FORMAT}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write the {what} {path}: {e.strerror or e}") from None
+    return path
+
+
+def _frame(payload: bytes) -> bytes:
+    """A checkpoint file's bytes: header line, sha256 of the payload, newline, payload."""
+    return _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a killed process leaves either the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_checkpoint(path: Path, model, optimizer, scheduler, cfg: TrainConfig, step: int, history: list, *,
+                    data_rng: Tensor, torch_rng: Tensor, elapsed: float = 0.0) -> None:
+    """Write everything a resumed run needs, checksummed, atomically.
+
+    data_rng, torch_rng: (world size, state bytes), every process's data generator and global RNG states
+    (see :func:`_per_rank`); elapsed: training seconds so far.
+    """
+    state = {"format": CHECKPOINT_FORMAT, "config": asdict(cfg), "step": step, "history": history,
+             "elapsed_s": float(elapsed), "model": model.state_dict(),
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "data_rng": data_rng, "torch_rng": torch_rng}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    _atomic_write(Path(path), _frame(buffer.getvalue()))
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The state saved by :func:`save_checkpoint`, after checking its sha256; never runs code from the file.
+
+    ValueError (naming the file and saying to delete it to restart) for a file that is unreadable, not a
+    checkpoint of this format, damaged, or holds anything but tensors and plain data.
+    """
+    path = Path(path)
+
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"checkpoint {path} {why}; delete it to restart the run from step 0")
+
+    not_ours = f"is corrupted or not a boltzmann-attention checkpoint (format {CHECKPOINT_FORMAT})"
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise refuse(f"is unreadable: {e.strerror or e}") from None
+    if not raw.startswith(_MAGIC):
+        if raw.startswith(b"PK"):  # a plain torch.save file, e.g. of checkpoint format 1
+            raise refuse(f"{not_ours}: a plain torch file without a checksum, not loaded") from None
+        raise refuse(not_ours)
+    head = len(_MAGIC)
+    digest, payload = raw[head:head + 64], raw[head + 65:]
+    if raw[head + 64:head + 65] != b"\n" or hashlib.sha256(payload).hexdigest().encode() != digest:
+        raise refuse("is corrupted: its content does not match its sha256 checksum (damaged or truncated)")
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        what = f" ({found.group(1)})" if found else ""
+        raise refuse(f"was refused: it holds objects other than tensors and plain data{what}, and loading it "
+                     "could run code") from None
+    except Exception as e:  # noqa: BLE001 - any other failure of a checksummed file is damage
+        raise refuse(f"{not_ours}: {type(e).__name__}: {e}") from None
+    keys = {"format", "config", "step", "history", "elapsed_s", "model", "optimizer", "scheduler", "data_rng",
+            "torch_rng"}
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or not keys <= set(state):
+        raise refuse(not_ours)
+    return state
+
+
+def load_checkpoint(path: Path, cfg: TrainConfig, model, optimizer, scheduler, generator, rank: int = 0,
+                    world: int = 1) -> tuple[int, list, float]:
+    """Restore a checkpoint written by :func:`save_checkpoint` for the same config and number of processes
+    (process ``rank`` of ``world`` takes its own RNG states); returns (step, history, elapsed seconds)."""
+    state = read_checkpoint(path)
     if state["config"] != asdict(cfg):
         diff = {k: (state["config"].get(k), v) for k, v in asdict(cfg).items() if state["config"].get(k) != v}
         raise ValueError(f"checkpoint {path} was written for another config; differences (saved, now): {diff}")
+    step, elapsed, data_rng, torch_rng = state["step"], state["elapsed_s"], state["data_rng"], state["torch_rng"]
+    if (not isinstance(step, int) or not 0 <= step <= cfg.steps or not isinstance(elapsed, float)
+            or not math.isfinite(elapsed) or elapsed < 0):
+        raise ValueError(f"checkpoint {path} holds an invalid step {step!r} or time {elapsed!r}; delete it to "
+                         "restart the run from step 0")
+    for rng in (data_rng, torch_rng):
+        if not isinstance(rng, Tensor) or rng.dim() != 2 or len(rng) != world:
+            saved = len(rng) if isinstance(rng, Tensor) and rng.dim() == 2 else "?"
+            raise ValueError(f"checkpoint {path} was written by a run of {saved} process(es), this one has "
+                             f"{world}: resume it with {saved}, or delete it to restart the run from step 0")
     try:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as e:
+        scheduler.load_state_dict(state["scheduler"])
+        generator.set_state(data_rng[rank].clone())
+        torch.set_rng_state(torch_rng[rank].clone())
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"checkpoint {path} does not match the model: {e}") from None
-    scheduler.load_state_dict(state["scheduler"])
-    generator.set_state(state["data_rng"])
-    torch.set_rng_state(state["torch_rng"])
-    return state["step"], state["history"]
+    return step, state["history"], float(elapsed)
 
 
 def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_interval: int = 500,
-          progress: bool = True) -> dict | None:
+          progress: bool = True, out: str | Path | None = None, threads: int | None = None) -> dict | None:
     """Train one model and return its results (config, metrics, history, learned couplings, timing).
 
     metrics: 'val' (and 'test' for brackets) with the configured method. A model trained through a sampled
@@ -215,9 +411,34 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
     Under DDP only rank 0 returns the results; the other ranks return None.
 
     With ``checkpoint``, the run resumes from that file if it exists and saves it every
-    ``checkpoint_interval`` steps and at the end.
+    ``checkpoint_interval`` steps and at the end (:func:`default_checkpoint` gives the path next to a
+    result file). ``out``: the result path the caller will write (with :func:`write_result`); like the
+    checkpoint's, its folder is created and checked to be writable before training. ``threads``: torch
+    threads for this run (restored afterwards; default: leave torch's setting; see :func:`default_threads`).
+    ``wall_time_s`` is the training time summed over every segment of a resumed run.
+
+    Raises ValueError before training for a bad config or output path, and during training when the run
+    diverges (a non-finite loss, or weights the marginals reject, after a step that worked).
     """
     cfg.validate()
+    _integer("checkpoint_interval", checkpoint_interval, 1)
+    checkpoint = check_output_path(checkpoint, "checkpoint") if checkpoint else None
+    if out is not None:
+        out = check_output_path(out, "result")
+        if checkpoint is not None and out.resolve() == checkpoint.resolve():
+            raise ValueError(f"the checkpoint and the result must be different files, both are {out}")
+    if threads is not None:
+        _integer("threads", threads, 1)
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _train(cfg, checkpoint, checkpoint_interval, progress)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, progress: bool) -> dict | None:
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world = 0, 1
     if distributed:
@@ -232,39 +453,61 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, cfg))
     generator = torch.Generator().manual_seed(cfg.seed * 1000 + 1 + rank)
-    start, history = 0, []
-    checkpoint = Path(checkpoint) if checkpoint else None
+    start, history, elapsed = 0, [], 0.0
     if checkpoint and checkpoint.exists():
-        start, history = load_checkpoint(checkpoint, cfg, model, optimizer, scheduler, generator)
+        start, history, elapsed = load_checkpoint(checkpoint, cfg, model, optimizer, scheduler, generator, rank,
+                                                  world)
     net = DistributedDataParallel(model) if distributed else model
 
     t0 = time.perf_counter()
     bar = _progress_bar(cfg, start, enabled=progress and rank == 0)
+    stepped = False  # has this segment made an optimiser step (then a failure means divergence)
     for step in range(start, cfg.steps):
         x, y = task.batch(cfg.batch_size // world, generator)
-        loss = loss_fn(net(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        done = step + 1
-        if rank == 0 and (done % cfg.eval_interval == 0 or done == cfg.steps):
-            model.eval()
-            history.append({"step": done, "train_loss": loss.item(), **task.evaluate(model)})
-            model.train()
+        try:
+            loss = loss_fn(net(x), y)
+            if not torch.isfinite(loss):
+                raise ValueError(f"the training loss is {loss.item()}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            stepped = True
+            scheduler.step()
+            done = step + 1
+            if rank == 0 and (done % cfg.eval_interval == 0 or done == cfg.steps):
+                model.eval()
+                metrics = task.evaluate(model)
+                model.train()
+                if not math.isfinite(metrics["loss"]):
+                    raise ValueError(f"the validation loss is {metrics['loss']}")
+                history.append({"step": done, "train_loss": loss.item(), **metrics})
+        except ValueError as e:  # after a step that worked: the weights blew up (e.g. "h contains NaN or inf")
+            if not stepped:
+                raise
+            raise _diverged(cfg, step, model, str(e)) from None
+        except TypeError as e:  # a method that forwards its options (validate cannot see their names)
+            if stepped or "unexpected keyword argument" not in str(e):
+                raise
+            raise ValueError(f"method_options {cfg.method_options} has an option that method {cfg.method!r} "
+                             f"does not take: {e}") from None
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", **({"val": _headline(history[-1])} if history else {}))
-        if rank == 0 and checkpoint and (done % checkpoint_interval == 0 or done == cfg.steps):
-            save_checkpoint(checkpoint, model, optimizer, scheduler, generator, cfg, done, history)
+        if checkpoint and (done % checkpoint_interval == 0 or done == cfg.steps):
+            data_rng = _per_rank(generator.get_state(), world)  # collective: every process takes part
+            torch_rng = _per_rank(torch.get_rng_state(), world)
+            if rank == 0:
+                save_checkpoint(checkpoint, model, optimizer, scheduler, cfg, done, history, data_rng=data_rng,
+                                torch_rng=torch_rng, elapsed=elapsed + time.perf_counter() - t0)
     if bar is not None:
         bar.close()
-    wall = time.perf_counter() - t0
+    wall = elapsed + time.perf_counter() - t0
 
     model.eval()
     result = {"config": asdict(cfg), "seed": cfg.seed, "steps_run": cfg.steps - start, "wall_time_s": wall,
-              "metrics": {"val": task.evaluate(model)}, "history": history, **machine_info()}
+              "threads": torch.get_num_threads(), "metrics": {"val": task.evaluate(model)}, "history": history,
+              **machine_info()}
     if cfg.task == "brackets":
         result["metrics"]["test"] = task.evaluate(model, "test")
     if cfg.method in ising.SAMPLED_METHODS and cfg.T <= EXACT_MAX_SPINS:
@@ -282,6 +525,22 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
     if distributed:
         dist.barrier()
     return result if rank == 0 else None
+
+
+def _diverged(cfg: TrainConfig, step: int, model: Model, what: str) -> ValueError:
+    largest = max(float(p.detach().abs().max()) for p in model.parameters())
+    return ValueError(f"training diverged at step {step + 1} of {cfg.steps}: {what} (largest weight magnitude "
+                      f"{largest:.3g}); lower lr (now {cfg.lr:g}) or coupling_lr_multiplier "
+                      f"(now {cfg.coupling_lr_multiplier:g}), or clip gradients (grad_clip now {cfg.grad_clip:g})")
+
+
+def _per_rank(state: Tensor, world: int) -> Tensor:
+    """Every process's copy of an RNG state, (world, bytes); under DDP an all-gather over the processes."""
+    if world == 1:
+        return state[None].clone()
+    parts = [torch.empty_like(state) for _ in range(world)]
+    dist.all_gather(parts, state)
+    return torch.stack(parts)
 
 
 @contextmanager
@@ -315,6 +574,4 @@ def write_result(result: dict, path: str | Path) -> None:
     """Write a results JSON atomically (a killed process leaves either the old file or the new one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, path)
+    _atomic_write(path, json.dumps(result, indent=1).encode())
