@@ -9,8 +9,11 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from boltzmann_attention.experiments.report import combine, fit_exponential, load_runs, verdict, write_report
-from boltzmann_attention.experiments.sweep import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
+from boltzmann_attention.experiments.report import verdict
+from boltzmann_attention.experiments.results import load_runs
+from boltzmann_attention.experiments.stats import combine, fit_exponential
+from boltzmann_attention.experiments.studies import write_report
+from boltzmann_attention.experiments.studies.paper import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
 from boltzmann_attention.experiments.train import TrainConfig
 
 SEEDS = (0, 1, 2)

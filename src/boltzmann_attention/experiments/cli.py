@@ -36,7 +36,7 @@ def _boolean(text: str) -> bool:
 
 
 def main(argv=None) -> int:
-    from . import sweep as experiments
+    from . import studies
 
     parser = argparse.ArgumentParser(prog="boltzmann-attention", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,13 +63,13 @@ def main(argv=None) -> int:
     p_report.add_argument("--out", default="report")
 
     p_repro = sub.add_parser("reproduce", help="sweep and report for the paper's tables")
-    p_repro.add_argument("--profile", choices=experiments.PROFILES, default="quick",
+    p_repro.add_argument("--profile", choices=studies.PROFILES, default="quick",
                          help="quick: a smoke test; full: the paper's tables; fair: the fair-baselines study; "
                               "sampling: models trained through DQA, PT and Gibbs against exact")
-    p_repro.add_argument("--field-bias", choices=sorted(experiments.FIELD_BIASES),
-                         default=experiments.DEFAULT_FIELD_BIAS,
-                         help=f"field bias of the Boltzmann modes (default {experiments.DEFAULT_FIELD_BIAS}, "
-                              f"chosen by the fair study; {experiments.PAPER_FIELD_BIAS} is the paper's energy, "
+    p_repro.add_argument("--field-bias", choices=sorted(studies.FIELD_BIASES),
+                         default=studies.DEFAULT_FIELD_BIAS,
+                         help=f"field bias of the Boltzmann modes (default {studies.DEFAULT_FIELD_BIAS}, "
+                              f"chosen by the fair study; {studies.PAPER_FIELD_BIAS} is the paper's energy, "
                               "which has no bias term)")
     p_repro.add_argument("--out", help="results folder (default: results/<profile>[-bias-<field bias>])")
     p_repro.add_argument("--report", help="report folder (default: report/<profile>[-bias-<field bias>])")
@@ -84,6 +84,7 @@ def main(argv=None) -> int:
 
 
 def _dispatch(args) -> int:
+    from . import studies
     from . import sweep as experiments
 
     if args.command == "train":
@@ -107,22 +108,21 @@ def _dispatch(args) -> int:
         print(f"report -> {_write_report(args.results, args.out)}")
     elif args.command == "reproduce":
         name = args.profile
-        if args.field_bias != experiments.DEFAULT_FIELD_BIAS:
+        if args.field_bias != studies.DEFAULT_FIELD_BIAS:
             name += f"-bias-{args.field_bias}"
         out = Path(args.out or f"results/{name}")
         start = time.perf_counter()
-        names = experiments.sweep(experiments.profile(args.profile, args.field_bias), out, jobs=args.jobs)
+        names = experiments.sweep(studies.profile(args.profile, args.field_bias), out, jobs=args.jobs)
         print(f"{len(names)} runs in {time.perf_counter() - start:.0f} s -> {out}/runs")
         print(f"report -> {_write_report(out, args.report or f'report/{name}')}")
     return 0
 
 
 def _write_report(results, out) -> Path:
-    """The fair-study report for results of the fair profile, else the paper-comparison report."""
-    from .fairness import is_fair_study, write_fair_report
-    from .report import write_report
+    """The report of the study the results belong to (see studies.write_report)."""
+    from .studies import write_report
 
-    return (write_fair_report if is_fair_study(results) else write_report)(results, out)
+    return write_report(results, out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""Sweeps over task x T x mode x method x seed, and the paper's profiles.
+"""Grids of runs (task x T x mode x method x seed) and resumable sweeps over them.
 
 A run is named by its grid point (``shakespeare-T8-h+J-exact-base-s0``). Its result is written atomically to
 ``<out>/runs/<name>.json`` and its checkpoint to ``<out>/checkpoints/<name>.pt``; a sweep skips runs whose
 result exists and resumes a killed run from its checkpoint, so nothing finished is lost.
+
+The grids of each study (the paper's profiles, the fair baselines, ...) live in ``studies/``.
 """
 
 from __future__ import annotations
@@ -15,19 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ..benchmark import TRAINING_SAMPLER_OPTIONS
 from .train import TrainConfig, train, write_result
 
-# The paper's numbers (arXiv:2606.12478), as summarised in shared/docs/BOLTZMANN_ATTENTION.md.
-# Shakespeare: relative improvement of validation perplexity over softmax, percent (positive = better).
-PAPER_SHAKESPEARE_RELATIVE = {
-    ("h+J", 4): -0.02, ("h+J", 6): 0.43, ("h+J", 8): 0.81, ("h+J", 10): 0.92, ("h+J", 12): 1.08,
-    ("h+J", 14): 1.04, ("h", 8): -3.08, ("h", 12): -7.14, ("J", 14): -14.73,
-}
-# Brackets: accuracy over closing brackets, percent.
-PAPER_BRACKETS_ACCURACY = {("h+J", 16): 95.97, ("softmax", 16): 93.08, ("h", 16): 90.06, ("J", 16): 87.42}
-
-PAPER_MODES = ("softmax", "h+J", "h", "J")
+DEFAULT_MODES = ("softmax", "h+J", "h", "J")  # the paper's four modes
 
 # The field bias b of modes h, J and h+J (one per head), as (learnable, coefficient c) with b = c * log(T) at
 # initialisation. The weights are sigmoid(2h), so b is a logit bias of 2b: "learn-half-log-T" starts at
@@ -58,7 +50,7 @@ class Grid:
 
     tasks: tuple[str, ...]
     Ts: tuple[int, ...]
-    modes: tuple[str, ...] = PAPER_MODES
+    modes: tuple[str, ...] = DEFAULT_MODES
     methods: tuple[str, ...] = ("exact",)
     seeds: tuple[int, ...] = (0, 1, 2)
     variant: str = "base"
@@ -84,122 +76,20 @@ def run_name(cfg: TrainConfig, variant: str = "base") -> str:
     return f"{cfg.task}-T{cfg.T}-{cfg.mode}-{cfg.method}-{variant}-s{cfg.seed}"
 
 
-def profile(name: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
-    """The grids of a profile. 'quick' fits in about 15 minutes on 2 cores; 'full' is the paper's tables;
-    'fair' is the fair-baselines study (:func:`fair_grids`); 'sampling' trains through samplers
-    (:func:`sampling_grids`). ``field_bias`` (a key of FIELD_BIASES) sets the field bias of every Boltzmann
-    mode in 'quick', 'full' and 'sampling', and of the convergence and J-sensitivity runs in 'fair' (its bias
-    study runs every variant)."""
+def with_field_bias(grids: list[Grid], field_bias: str) -> list[Grid]:
+    """The grids with every Boltzmann mode at field-bias variant ``field_bias`` (a key of FIELD_BIASES);
+    unchanged for the default, which TrainConfig's defaults already are."""
     field_bias_config(field_bias, 2)  # validates the name
-    if name == "fair":
-        return fair_grids(field_bias)
-    grids = sampling_grids() if name == "sampling" else _paper_profile(name)
-    if field_bias == DEFAULT_FIELD_BIAS:  # TrainConfig's defaults already are this variant
+    if field_bias == DEFAULT_FIELD_BIAS:
         return grids
     return [replace(g, field_bias=field_bias) for g in grids]
 
 
-def _paper_profile(name: str) -> list[Grid]:
-    if name == "quick":
-        return [Grid(("shakespeare",), (4, 8), seeds=(0,), overrides={"steps": 1000, "eval_interval": 250}),
-                Grid(("brackets",), (8,), seeds=(0,), overrides={"steps": 1000, "eval_interval": 250})]
-    if name == "full":
-        return [
-            Grid(("shakespeare",), (4, 6, 8, 10, 12, 14)),
-            Grid(("brackets",), (4, 6, 8, 10, 12, 14, 16)),
-            Grid(("brackets",), (8, 12, 16), variant="noffn", overrides={"d_ff": 0}),
-            Grid(("shakespeare", "brackets"), (8, 12), modes=("h+K", "h+J+K")),
-            Grid(("shakespeare",), (16, 20), modes=("softmax", "h+J", "h"), seeds=(0,)),
-        ]
-    raise ValueError(f"unknown profile {name!r}; choose one of {PROFILES}")
+def profile(name: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
+    """The grids of a study's profile: :func:`.studies.profile` (kept here for older callers)."""
+    from .studies import profile as grids_of
 
-
-PROFILES = ("quick", "full", "fair", "sampling")
-
-# Training through samplers (profile 'sampling'). DQA at the paper's 200 Trotter steps and 5 ns (the
-# defaults of ising.annealing) with its straight-through estimator; PT and Gibbs with few sweeps, since every
-# training step samples afresh.
-DQA_OPTIONS = TRAINING_SAMPLER_OPTIONS["dqa"]
-PT_OPTIONS = TRAINING_SAMPLER_OPTIONS["pt"]
-NUDGED_OPTIONS = TRAINING_SAMPLER_OPTIONS["gibbs"]  # Gibbs, gradient-free in J
-
-
-def sampling_grids() -> list[Grid]:
-    """Models trained through sampled marginals against the same models trained with exact marginals.
-
-    In the order they run (cheapest first), each after its exact references: DQA-trained h+J at T = 4;
-    PT-trained h+J and gradient-free J-only training (Gibbs, nudged) at T = 4; then the rest of the paper's
-    DQA grid, T = 6 and 8 (about 4 and 9 minutes per run, one thread each, two runs at a time on 2 cores:
-    the 30 sampled runs took 50 minutes with ``--jobs 2``). Last, variant 'sampling-trotter800': the same
-    5 ns anneal in 4x finer Trotter steps at T = 6 on Shakespeare, with its own exact references, to test
-    whether DQA's gap to exact comes from the digitised (aliased) dynamics of 200 steps.
-    """
-    seeds, both, variant, fine = (0, 1, 2), ("shakespeare", "brackets"), "sampling", "sampling-trotter800"
-
-    def sampled(Ts, mode, method, options):
-        return Grid(both, Ts, modes=(mode,), methods=(method,), seeds=seeds, variant=variant,
-                    overrides={"method_options": options})
-
-    def exact(Ts, modes):
-        return Grid(both, Ts, modes=modes, seeds=seeds, variant=variant)
-
-    return [exact((4,), ("softmax", "h+J")), sampled((4,), "h+J", "dqa", DQA_OPTIONS),
-            exact((4,), ("J",)), sampled((4,), "h+J", "pt", PT_OPTIONS), sampled((4,), "J", "gibbs", NUDGED_OPTIONS),
-            exact((6, 8), ("softmax", "h+J")), sampled((6, 8), "h+J", "dqa", DQA_OPTIONS),
-            Grid(("shakespeare",), (6,), modes=("softmax", "h+J"), seeds=seeds, variant=fine),
-            Grid(("shakespeare",), (6,), modes=("h+J",), methods=("dqa",), seeds=seeds, variant=fine,
-                 overrides={"method_options": {**DQA_OPTIONS, "trotter_steps": 800}})]
-
-
-FAIR_SEEDS = (0, 1, 2, 3, 4)
-FAIR_T = 12
-J_LR_MULTIPLIERS = (0.3, 3.0)   # besides 1.0, which is the bias study's run
-J_INIT_STD = 0.1                # "small random" couplings: N(0, 0.1^2), against 0 by default
-NOFFN = "noffn-"  # variant prefix of the brackets runs without the FFN (d_ff = 0)
-
-
-def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
-    """The fair-baselines study, in the order it is run (the most important grids first).
-
-    1. Every field-bias variant for h, h+J and J against one softmax baseline, at T = 12 on both tasks.
-    2. Convergence: softmax, h and h+J trained 4x longer at T = 12 on Shakespeare.
-    3. The field-bias study on brackets without the FFN (T = 12), where the modes do not all reach 100%.
-    4. Sensitivity of J (h+J and J) at T = 12: its learning-rate multiplier and its initialisation, on
-       Shakespeare and on brackets without the FFN (with the FFN every mode saturates at T = 12).
-    5. The field-bias study again at T = 8 on Shakespeare.
-    Seeds are paired: a seed fixes the initialisation and the data order for every mode. Stages 2 and 4 use
-    ``field_bias`` (the default's variant); their 1x / zero-init counterpart is the bias-study run.
-    Variants: ``fair`` (softmax), ``bias-<b>``, ``long``, ``long-bias-<b>``, ``jlr<m>-bias-<b>``,
-    ``jinit<std>-bias-<b>``, each prefixed with NOFFN for the brackets runs without the FFN.
-    """
-    seeds, T, boltzmann = FAIR_SEEDS, FAIR_T, ("h", "h+J", "J")
-    settings = {"shakespeare": ("shakespeare", "", {}), "brackets": ("brackets", "", {}),
-                "brackets-noffn": ("brackets", NOFFN, {"d_ff": 0})}
-
-    def bias_study(setting: str, Ts: tuple[int, ...]) -> list[Grid]:
-        task, prefix, overrides = settings[setting]
-        return [Grid((task,), Ts, modes=("softmax",), seeds=seeds, variant=f"{prefix}fair", overrides=overrides)] + [
-            Grid((task,), Ts, modes=boltzmann, seeds=seeds, variant=f"{prefix}bias-{b}", overrides=overrides,
-                 field_bias=b) for b in FIELD_BIASES]
-
-    def sensitivity(setting: str, mode: str) -> list[Grid]:
-        task, prefix, overrides = settings[setting]
-        grids = [Grid((task,), (T,), modes=(mode,), seeds=seeds, variant=f"{prefix}jlr{m:g}-bias-{field_bias}",
-                      overrides={**overrides, "coupling_lr_multiplier": m}, field_bias=field_bias)
-                 for m in J_LR_MULTIPLIERS]
-        return grids + [Grid((task,), (T,), modes=(mode,), seeds=seeds,
-                             variant=f"{prefix}jinit{J_INIT_STD:g}-bias-{field_bias}",
-                             overrides={**overrides, "coupling_init_std": J_INIT_STD}, field_bias=field_bias)]
-
-    grids = bias_study("shakespeare", (T,)) + bias_study("brackets", (T,))
-    grids.append(Grid(("shakespeare",), (T,), modes=("softmax",), seeds=seeds, variant="long",
-                      overrides={"steps": 16000}))
-    grids.append(Grid(("shakespeare",), (T,), modes=("h", "h+J"), seeds=seeds, variant=f"long-bias-{field_bias}",
-                      overrides={"steps": 16000}, field_bias=field_bias))
-    grids += bias_study("brackets-noffn", (T,))
-    for mode in ("h+J", "J"):
-        grids += sensitivity("shakespeare", mode) + sensitivity("brackets-noffn", mode)
-    return grids + bias_study("shakespeare", (8,))
+    return grids_of(name, field_bias)
 
 
 def _run_one(args) -> tuple[str, str | None]:
