@@ -92,10 +92,33 @@ def profile(name: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
     return grids_of(name, field_bias)
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_run(jobs: int, threads: int | None = None) -> int:
+    """Torch threads for each of ``jobs`` concurrent runs, so that together they never oversubscribe the
+    cores: ``threads`` if given, else max(1, cores // jobs), capped by OMP_NUM_THREADS when that is set."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        return threads
+    n = max(1, available_cores() // max(1, jobs))
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return min(n, int(env)) if env.isdigit() and int(env) >= 1 else n
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
 def _run_one(args) -> tuple[str, str | None]:
     """Train one grid point; returns (name, None) or (name, error message). One failure does not stop a sweep."""
     name, cfg_dict, variant, out, threads, progress = args
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads)  # before any heavy work; the pool's children also inherit OMP_NUM_THREADS
     cfg = TrainConfig.from_dict(cfg_dict)
     out = Path(out)
     checkpoint = out / "checkpoints" / f"{name}.pt"
@@ -110,35 +133,85 @@ def _run_one(args) -> tuple[str, str | None]:
     return name, None
 
 
+def _set_aside(path: Path) -> Path:
+    """Rename a broken result to ``<name>.json.broken`` (``.broken-2``, ... if taken); nothing is deleted."""
+    target = path.with_name(path.name + ".broken")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.broken-{n}")
+    path.rename(target)
+    return target
+
+
 def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = False,
           threads: int | None = None) -> list[str]:
-    """Run every grid point whose result does not exist yet; returns the names run.
+    """Run every grid point without a finished result; returns the names run (or, with ``dry_run``, to run).
 
-    Every config is validated first, so a bad grid fails before any training. ``jobs`` processes run in
-    parallel, sharing the machine's cores (``threads`` torch threads each, default cores / jobs). A run
-    that fails (e.g. a checkpoint from another config) is reported and the others go on; at the end a
+    Every config is validated first, so a bad grid fails before any training. A result counts as finished
+    when it parses and has its config and usable metrics (:func:`.results.file_problems`); a broken one (e.g.
+    truncated) is renamed to ``<name>.json.broken`` and its run done again. One line says how many finished
+    runs were skipped.
+
+    Threads: ``jobs`` processes run in parallel with ``threads`` torch threads each, by default
+    max(1, cores // jobs) (:func:`threads_per_run`), so that they never oversubscribe the cores: spinning
+    OpenMP threads of runs sharing a core slow everything down many times. Each child gets OMP_NUM_THREADS
+    (and MKL's, OpenBLAS's) before it imports torch. Two sweeps started side by side do not know of each
+    other: run one sweep with ``jobs`` = 2 instead, or give each OMP_NUM_THREADS = cores / 2 (the default
+    never exceeds it).
+
+    A run that fails (e.g. a checkpoint from another config) is reported and the others go on; at the end a
     RuntimeError lists the failures.
     """
+    from .results import file_problems
+
     out = Path(out)
-    todo, seen = [], set()
+    todo, seen, skipped, broken = [], set(), 0, []
     for grid in grids:
         for name, cfg in grid.runs():
             cfg.validate()
-            if name in seen or (out / "runs" / f"{name}.json").exists():
+            if name in seen:
                 continue
             seen.add(name)
+            path = out / "runs" / f"{name}.json"
+            if path.exists():
+                found = file_problems(path)
+                if not found:
+                    skipped += 1
+                    continue
+                broken.append((path, found))
             todo.append((name, asdict(cfg), grid.variant))
+    if skipped:
+        print(f"skipped {skipped} finished run{'s' if skipped != 1 else ''} in {out / 'runs'}")
     if dry_run or not todo:
         return [t[0] for t in todo]
-    threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+    for path, found in broken:
+        print(f"re-running {path.stem}: its result is broken ({'; '.join(found)}); kept as {_set_aside(path).name}")
+    threads = threads_per_run(jobs, threads)
+    if jobs > available_cores():
+        print(f"warning: {jobs} jobs on {available_cores()} cores share cores (one thread each)")
     tasks = [(name, cfg, variant, str(out), threads, jobs == 1) for name, cfg, variant in todo]
     from tqdm import tqdm
 
     if jobs == 1:
-        outcomes = [_run_one(t) for t in tqdm(tasks, desc="sweep", unit="run")]
+        before = torch.get_num_threads()
+        try:
+            outcomes = [_run_one(t) for t in tqdm(tasks, desc="sweep", unit="run")]
+        finally:
+            torch.set_num_threads(before)
     else:
-        with mp.get_context("spawn").Pool(jobs) as pool:
-            outcomes = list(tqdm(pool.imap_unordered(_run_one, tasks), total=len(tasks), desc="sweep", unit="run"))
+        saved = {k: os.environ.get(k) for k in THREAD_VARIABLES}
+        os.environ.update({k: str(threads) for k in THREAD_VARIABLES})  # inherited by the spawned children
+        try:
+            with mp.get_context("spawn").Pool(jobs) as pool:
+                outcomes = list(tqdm(pool.imap_unordered(_run_one, tasks), total=len(tasks), desc="sweep",
+                                     unit="run"))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     failures = [f"{name}: {error}" for name, error in outcomes if error]
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(tasks)} runs failed:\n" + "\n".join(failures))
