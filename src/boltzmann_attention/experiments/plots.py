@@ -6,13 +6,14 @@ Agg canvas, so nothing depends on pyplot's global state or on a display.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
 
 from .results import BASELINE, Results
 from .stats import distance_profile, stat
-from .tables import label
+from .tables import label, plural
 
 DPI = 100
 MODE_COLORS = {"softmax": "black", "h+J": "tab:blue", "h": "tab:orange", "J": "tab:green", "h+K": "tab:red",
@@ -29,19 +30,55 @@ def figure(width: float, height: float):
     return fig
 
 
-def save(fig, path: Path) -> None:
+def save(fig, path: Path):
+    """Lay out and write the PNG; returns the figure (the tests look at it)."""
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
+    return fig
 
 
-def finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
+def wrap(text: str, width_inches: float, fontsize: float) -> str:
+    """``text`` broken into lines that fit ``width_inches`` at ``fontsize`` (a title is never clipped)."""
+    chars = max(10, int(width_inches * 72 / (0.55 * fontsize)))
+    return textwrap.fill(text, chars)
+
+
+def title(ax, text: str, fontsize: float = 9) -> None:
+    """A panel title wrapped to the panel's share of the figure's width."""
+    columns = ax.get_subplotspec().get_gridspec().ncols if ax.get_subplotspec() else 1
+    ax.set_title(wrap(text, 0.95 * ax.figure.get_figwidth() / columns, fontsize), fontsize=fontsize)
+
+
+def suptitle(fig, text: str, fontsize: float = 9) -> None:
+    """A figure title wrapped to the figure's width."""
+    fig.suptitle(wrap(text, fig.get_figwidth(), fontsize), fontsize=fontsize)
+
+
+def legend(ax, fontsize: float = 7, **kwargs) -> None:
+    """A legend for every panel that has labelled artists (and none, without a warning, for one that has not)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize, **kwargs)
+
+
+def window_axis(ax, Ts) -> None:
+    """An x-axis of windows T: a tick at each measured T, padded so that points offset around a single T
+    stay on an axis labelled by T itself, never by the offsets."""
+    Ts = sorted(set(Ts))
+    if not Ts:
+        return
+    pad = max(1.0, 0.05 * (Ts[-1] - Ts[0]))
+    ax.set_xlim(Ts[0] - pad, Ts[-1] + pad)
+    ax.set_xticks(Ts)
+
+
+def finish(fig, ax, xlabel: str, ylabel: str, text: str, path: Path):
     """Labels, title and legend of a one-panel plot, then save it."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
+    title(ax, text)
     ax.tick_params(labelsize=8)
-    ax.legend(fontsize=7)
-    save(fig, path)
+    legend(ax)
+    return save(fig, path)
 
 
 def style(mode: str, method: str) -> dict:
@@ -49,7 +86,7 @@ def style(mode: str, method: str) -> dict:
     return {"color": MODE_COLORS.get(mode, "tab:gray"), "linestyle": "-" if method == "exact" else "--"}
 
 
-def plot_metric(res: Results, task: str, variant: str, spec: dict, path: Path, paper: dict | None = None) -> None:
+def plot_metric(res: Results, task: str, variant: str, spec: dict, path: Path, paper: dict | None = None):
     """Left: the metric against T per mode (mean ± std over seeds); right: the difference to softmax.
 
     ``spec`` names the metric (see :data:`..report.TASK_METRICS`); ``paper`` ({(mode, T): value}) adds open
@@ -58,6 +95,7 @@ def plot_metric(res: Results, task: str, variant: str, spec: dict, path: Path, p
     cols, Ts = res.columns(task, variant), res.Ts(task, variant)
     fig = figure(8.5, 3.2)
     ax, dax = fig.subplots(1, 2)
+    paper_Ts: set[int] = set()  # the windows of the paper's numbers shown
     for i, (mode, method) in enumerate(cols):
         jitter = (i - (len(cols) - 1) / 2) * 0.05
         points, diffs = [], []
@@ -77,25 +115,32 @@ def plot_metric(res: Results, task: str, variant: str, spec: dict, path: Path, p
                 x, y, e = np.array(data).T
                 axis.errorbar(x, y, yerr=e, marker="o", ms=3, capsize=2, lw=1, label=label(mode, method), **st)
         if paper:
-            _plot_paper(ax if spec["paper_on"] == "metric" else dax, paper, mode, st["color"])
+            paper_Ts |= _plot_paper(ax if spec["paper_on"] == "metric" else dax, paper, mode, st["color"])
     dax.axhline(0, color="0.6", lw=0.8)
+    paper_axis = ax if spec["paper_on"] == "metric" else dax
     for axis, ylabel in ((ax, spec["ylabel"]), (dax, spec["dlabel"])):
         axis.set_xlabel("T")
         axis.set_ylabel(ylabel)
         axis.tick_params(labelsize=8)
-    ax.legend(fontsize=7)
-    fig.suptitle(f"{task}, variant {variant} (open markers: paper)", fontsize=9)
-    save(fig, path)
+        window_axis(axis, set(Ts) | (paper_Ts if axis is paper_axis else set()))
+    if paper_Ts:  # one legend entry for the paper's open markers, on the panel that has them
+        paper_axis.plot([], [], linestyle="none", marker="o", ms=6, mfc="none", color="0.4", label="paper")
+    legend(ax)
+    legend(dax)
+    suptitle(fig, f"{task}, variant {variant}" + (" (open markers: paper)" if paper_Ts else ""))
+    return save(fig, path)
 
 
-def _plot_paper(axis, paper: dict, mode: str, color: str) -> None:
+def _plot_paper(axis, paper: dict, mode: str, color: str) -> set[int]:
+    """The paper's numbers of a mode as open markers; returns their windows T."""
     pts = sorted((T, v) for (m, T), v in paper.items() if m == mode)
     if pts:
         x, y = np.array(pts).T
         axis.plot(x, y, linestyle="none", marker="o", ms=6, mfc="none", color=color)
+    return {T for T, _ in pts}
 
 
-def plot_fits(res: Results, variant: str, fits: dict, path: Path) -> None:
+def plot_fits(res: Results, variant: str, fits: dict, path: Path):
     """Shakespeare perplexity against T per mode with its fitted a·exp(-bT)+c."""
     fig = figure(4.5, 3.2)
     ax = fig.subplots()
@@ -117,10 +162,11 @@ def plot_fits(res: Results, variant: str, fits: dict, path: Path) -> None:
             a, b, c = fit.params
             t = np.linspace(x.min(), x.max(), 100)
             ax.plot(t, a * np.exp(-b * t) + c, lw=1, **st)
-    finish(fig, ax, "T", "validation perplexity", f"shakespeare, {variant}: fit a·exp(-bT)+c", path)
+    window_axis(ax, res.Ts("shakespeare", variant))
+    return finish(fig, ax, "T", "validation perplexity", f"shakespeare, {variant}: fit a·exp(-bT)+c", path)
 
 
-def plot_couplings(sets: dict, task: str, path: Path) -> None:
+def plot_couplings(sets: dict, task: str, path: Path):
     """A row of heatmaps (one per T) of the seed-mean J, diverging colours centred at 0."""
     from matplotlib.ticker import MaxNLocator
 
@@ -130,7 +176,7 @@ def plot_couplings(sets: dict, task: str, path: Path) -> None:
         J = np.mean(Js, axis=0)
         vmax = float(np.abs(J).max()) or 1.0
         im = axis.imshow(J, cmap="RdBu_r", vmin=-vmax, vmax=vmax)
-        axis.set_title(f"T={T} ({len(Js)} seeds)", fontsize=8)
+        title(axis, f"T={T} ({plural(len(Js), 'seed')})", fontsize=8)
         axis.set_xlabel("k", fontsize=8)
         axis.set_ylabel("j", fontsize=8)
         axis.tick_params(labelsize=6)
@@ -138,13 +184,15 @@ def plot_couplings(sets: dict, task: str, path: Path) -> None:
         axis.yaxis.set_major_locator(MaxNLocator(integer=True))
         cbar = fig.colorbar(im, ax=axis, fraction=0.046, pad=0.04)
         cbar.ax.tick_params(labelsize=6)
-    fig.suptitle(f"{task}: learned J (h+J, head 0, mean over seeds)", fontsize=9)
-    save(fig, path)
+        cbar.set_label("J_jk", fontsize=7)
+    suptitle(fig, f"{task}: learned J (h+J, head 0, mean over seeds)")
+    return save(fig, path)
 
 
-def plot_distance(sets: dict, task: str, path: Path) -> None:
+def plot_distance(sets: dict, task: str, path: Path):
     """Mean J_jk against |j - k| per T, mean over seeds with ± std band."""
     import matplotlib
+    from matplotlib.ticker import MaxNLocator
 
     fig = figure(4.5, 3.2)
     ax = fig.subplots()
@@ -159,4 +207,5 @@ def plot_distance(sets: dict, task: str, path: Path) -> None:
             std = profiles.std(axis=0, ddof=1)
             ax.fill_between(d, mean - std, mean + std, color=color, alpha=0.2, lw=0)
     ax.axhline(0, color="0.6", lw=0.8)
-    finish(fig, ax, "|j - k|", "mean J_jk", f"{task}: J against distance (band: ± std over seeds)", path)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return finish(fig, ax, "|j - k|", "mean J_jk", f"{task}: J against distance (band: ± std over seeds)", path)

@@ -35,7 +35,7 @@ from .stats import (
     seed_correlation,
     stat,
 )
-from .tables import counted, duration, fmt_comparison, fmt_num, fmt_p, fmt_pm, fmt_stat, label, md_table
+from .tables import counted, duration, fmt_comparison, fmt_num, fmt_p, fmt_pm, fmt_stat, label, md_table, plural
 from .train import TrainConfig
 
 __all__ = ["Results", "Run", "header_section", "load_runs", "verdict", "write_report"]
@@ -89,7 +89,8 @@ def header_section(res: Results, results_dir: Path) -> list[str]:
     ]
     lines += [f"- Variant `{v}`: {text}" for v, text in _variant_settings(runs).items()]
     if resumed:
-        lines.append(f"- {resumed} runs resumed from a checkpoint; their wall time counts only the part after resuming")
+        lines.append(f"- {plural(resumed, 'run')} resumed from a checkpoint; their wall time counts only the part "
+                     "after resuming")
     if res.duplicates:
         lines.append(f"- Ignored duplicates: {', '.join(res.duplicates)}")
     return lines + excluded_lines(res) + [""]
@@ -100,8 +101,7 @@ def excluded_lines(res: Results) -> list[str]:
     if not res.excluded:
         return []
     listed = "; ".join(f"`{r.name}` ({', '.join(why)})" for r, why in res.excluded)
-    return [f"- Left out, not counted above: {len(res.excluded)} run{'s' if len(res.excluded) != 1 else ''} "
-            f"with unusable metrics: {listed}"]
+    return [f"- Left out, not counted above: {plural(len(res.excluded), 'run')} with unusable metrics: {listed}"]
 
 
 def _variant_settings(runs: list[Run]) -> dict[str, str]:
@@ -117,7 +117,7 @@ def _variant_settings(runs: list[Run]) -> dict[str, str]:
     out = {}
     for v in sorted(totals, key=variant_rank):
         items = by_variant.get(v, {})
-        out[v] = ", ".join(f"{k}={counted(c)}" + (f" in {sum(c.values())} of {totals[v]} runs"
+        out[v] = ", ".join(f"{k}={counted(c)}" + (f" in {sum(c.values())} of {plural(totals[v], 'run')}"
                                                   if sum(c.values()) < totals[v] else "")
                            for k, c in sorted(items.items())) or "TrainConfig defaults"
     return out

@@ -209,7 +209,8 @@ def fit_exponential(T: Iterable[float], y: Iterable[float]) -> Fit:
     y = np.asarray(list(y), dtype=float)
     distinct = np.unique(T)
     if distinct.size < 4:
-        return Fit(None, None, None, int(distinct.size), f"not fitted: {distinct.size} T values, at least 4 needed")
+        values = f"{distinct.size} T value{'s' if distinct.size != 1 else ''}"
+        return Fit(None, None, None, int(distinct.size), f"not fitted: {values}, at least 4 needed")
     T0, span = distinct[0], distinct[-1] - distinct[0]
     first, last = y[T == distinct[0]].mean(), y[T == distinct[-1]].mean()
     drop = first - last

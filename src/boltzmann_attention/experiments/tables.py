@@ -20,9 +20,15 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def fmt_num(v: float | None, digits: int = 2, signed: bool = False) -> str:
+    """A table cell: blank for None or a non-finite value (prose wants :func:`fmt_or`)."""
     if v is None or not math.isfinite(v):
         return ""
     return f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
+
+
+def fmt_or(v: float | None, missing: str, digits: int = 2, signed: bool = False) -> str:
+    """A number inside a sentence: ``missing`` (which says why) where a cell would be blank."""
+    return fmt_num(v, digits, signed) or missing
 
 
 def fmt_pm(v: float, e: float) -> str:
@@ -58,6 +64,14 @@ def fmt_comparison(c: Paired | None, digits: int = 2, expected_n: int | None = N
     elif expected_n is not None and c.n < expected_n:
         text += f" ({c.n} paired)"
     return text
+
+
+def fmt_direction(c: Paired, unit: str, positive: str, negative: str, zero: str = "level with") -> str:
+    """A paired difference as its size and a word for its direction, e.g. "1.34 ± 0.17 % below": the words
+    carry the sign, so a sentence never reads "above ... by -1.34 %"."""
+    size = fmt_comparison(Paired(abs(c.mean), c.std, c.n, c.per_seed)).lstrip("+")
+    word = positive if c.mean > 0 else negative if c.mean < 0 else zero
+    return f"{size} {unit} {word}"
 
 
 def significance_mark(c: Paired, holm_survives: bool = False) -> str:
@@ -102,7 +116,7 @@ def counted(counter: Counter) -> str:
     """The one value, or each value with its count of runs."""
     if len(counter) == 1:
         return str(next(iter(counter)))
-    return ", ".join(f"{v} ({n} runs)" for v, n in counter.most_common())
+    return ", ".join(f"{v} ({plural(n, 'run')})" for v, n in counter.most_common())
 
 
 def label(mode: str, method: str) -> str:

@@ -235,7 +235,8 @@ def convergence_section(study: Study, out: Path) -> list[str]:
             soft = _values(study.softmax(task, T, long), m)
             variant = long_variants[0] if long else f"bias-{bias}"
             h, hj = (_values(study.group(task, T, mode, variant), m) for mode in ("h", "h+J"))
-            steps = study.softmax(task, T, long).runs[0].config["steps"] if soft else "?"
+            group = study.softmax(task, T, long)
+            steps = next(iter(group.runs.values())).config["steps"] if soft else "?"
             rows.append([str(steps), _absolute(soft, m), _absolute(h, m), _absolute(hj, m),
                          paired(soft, h, m.diff), paired(soft, hj, m.diff), paired(h, hj, m.diff)])
         lines += [f"**{m.title}**", "", table_with_holm(
@@ -340,7 +341,7 @@ def conclusions_section(study: Study) -> list[str]:
             if best:
                 reach.append(f"{mode} {_absolute(_values(study.biased(task, T, mode, best, prefix), m), m)} ({best})")
         if reach:
-            lines += [f"- Best-tuned: softmax {_absolute(base, m)}; " + "; ".join(reach)
+            lines += [f"- Best-tuned: softmax {_absolute(base, m) or 'not measured'}; " + "; ".join(reach)
                       + " (best of the bias variants on the same seeds, so slightly optimistic).", ""]
     return lines + _convergence_claims(study)
 

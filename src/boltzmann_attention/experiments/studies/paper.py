@@ -24,9 +24,9 @@ from ..report import (
     verdict,
 )
 from ..results import Results
-from ..stats import ALPHA, Paired, combine, point_difference, relative_improvement, stat
+from ..stats import ALPHA, Paired, combine, fit_line, point_difference, relative_improvement, stat
 from ..sweep import DEFAULT_MODES, Grid, with_field_bias
-from ..tables import fmt_comparison, fmt_num, fmt_p, md_table
+from ..tables import fmt_comparison, fmt_direction, fmt_num, fmt_or, fmt_p, md_table
 
 # The paper's numbers, as summarised in shared/docs/BOLTZMANN_ATTENTION.md.
 # Shakespeare: relative improvement of validation perplexity over softmax, percent (positive = better).
@@ -143,8 +143,6 @@ def claim_hj_ahead(res: Results) -> Claim:
 
 
 def claim_hj_grows(res: Results) -> Claim:
-    from scipy.stats import linregress
-
     Ts, ys, enough = [], [], True
     for T in _paper_range(res, 4):
         c = _rel(res, T, "h+J")
@@ -155,22 +153,28 @@ def claim_hj_grows(res: Results) -> Claim:
         Ts += [T] * len(vals)
         ys += list(vals)
     paper_pts = sorted((T, v) for (m, T), v in PAPER_SHAKESPEARE_RELATIVE.items() if m == "h+J")
-    paper_slope = linregress(*np.array(paper_pts).T).slope
+    paper_slope = fit_line(*np.array(paper_pts).T).slope
     paper = f"the improvement grows with T (slope of the paper's six numbers: {paper_slope:+.3f} % per unit T)"
     title = "h+J's advantage grows with T (Shakespeare, T ≤ 14)"
     if len(set(Ts)) < 2:
         return Claim(title, paper, "not measured", ["Fewer than two T values with both h+J and softmax."])
-    fit = linregress(Ts, ys)
-    measured = f"slope {fit.slope:+.3f} ± {fit.stderr:.3f} % per unit T over T = {', '.join(map(str, sorted(set(Ts))))}"
+    fit = fit_line(Ts, ys)
+    over = f"over T = {', '.join(map(str, sorted(set(Ts))))}"
+    if fit.stderr is None:  # a line through two points: no degree of freedom left for its error
+        measured = f"slope {fit.slope:+.3f} % per unit T {over} (no error: {len(Ts)} points fix the line)"
+    else:
+        measured = f"slope {fit.slope:+.3f} ± {fit.stderr:.3f} % per unit T {over}"
     word = "agrees" if fit.slope > 0 else "does not agree"
     if not enough:
         text = f"{word} (too few seeds to test: fewer than 3 paired seeds at some T)"
+    elif fit.stderr is None:
+        text = f"{word} (too few points to test: {len(Ts)})"
     elif abs(fit.slope) < fit.stderr:
-        text = f"{word} in sign only (within noise: the slope is smaller than its standard error; {fmt_p(fit.pvalue)})"
-    elif fit.pvalue < ALPHA:
-        text = f"{word} (significant: {fmt_p(fit.pvalue)}, linear regression over seeds)"
+        text = f"{word} in sign only (within noise: the slope is smaller than its standard error; {fmt_p(fit.p)})"
+    elif fit.p < ALPHA:
+        text = f"{word} (significant: {fmt_p(fit.p)}, linear regression over seeds)"
     else:
-        text = f"{word} in sign only (not significant: {fmt_p(fit.pvalue)}, linear regression over seeds)"
+        text = f"{word} in sign only (not significant: {fmt_p(fit.p)}, linear regression over seeds)"
     return Claim(title, paper, text, [f"Measured: {measured}. Verdict: {text}."])
 
 
@@ -204,7 +208,7 @@ def claim_j_worst(res: Results) -> Claim:
         verdicts.append(v)
         paper = paper_shakespeare("J", T)
         rows.append([str(T), f"{paper:+.2f} % vs softmax" if paper is not None else "(worst)",
-                     f"J's PPL above the next worst ({worst.mode}) by {fmt_comparison(c)} %", v.text])
+                     f"J's PPL {fmt_direction(c, '%', 'above', 'below')} the next worst ({worst.mode})", v.text])
     return Claim("J the worst mode on Shakespeare", "J worse still than h (-14.73 % at T=14)", summarize(verdicts),
                  [_claim_table(rows)] if rows else ["No Shakespeare runs of mode J."])
 
@@ -300,15 +304,18 @@ def claim_j_structure(res: Results) -> Claim:
     for task in res.tasks():
         _, stats = coupling_table(res, task)
         for T, (n, corr, r2) in stats.items():
-            if n < 2 or not math.isfinite(corr):
+            if n < 2:
                 v = Verdict(None, False, "not measured (fewer than 2 seeds)")
+            elif not math.isfinite(corr):
+                v = Verdict(None, False, "not measured (J has no variance in a seed: the correlation is undefined)")
             else:
                 stable = corr >= STABLE_CORRELATION
                 v = Verdict(stable, False, f"{'agrees' if stable else 'does not agree'} (correlation "
                             f"{'≥' if stable else '<'} {STABLE_CORRELATION}, a threshold chosen here)")
             verdicts.append(v)
             rows.append([f"{task} T={T}", "stable, distance-dependent",
-                         f"correlation between seeds {fmt_num(corr)}, R² by distance {fmt_num(r2)}", v.text])
+                         f"correlation between seeds {fmt_or(corr, 'undefined' if n > 1 else 'undefined (1 seed)')}, "
+                         f"R² by distance {fmt_or(r2, 'undefined (J has no variance)')}", v.text])
     return Claim("The learned J has a distance-dependent structure stable across seeds",
                  "distance-dependent J, stable across seeds (no numbers)", summarize(verdicts),
                  [_claim_table(rows, first="runs")] if rows else ["No h+J runs with couplings."])
