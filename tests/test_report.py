@@ -590,3 +590,42 @@ def test_holm_against_adjusted_p_values():
         expected = np.empty(m, dtype=bool)
         expected[order] = adjusted < 0.05
         assert holm(list(p)) == list(expected)
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+def test_the_study_registry():
+    """Every study module has the same three names; the CLI's profiles and reports come from the registry."""
+    from pathlib import Path
+
+    from boltzmann_attention.experiments import studies
+    from boltzmann_attention.experiments.results import Results, _load_run
+
+    assert studies.PROFILES == ("quick", "full", "fair", "sampling")
+    for study in studies.STUDIES:
+        assert callable(study.owns) and callable(study.report) and study.PROFILES
+        for name, grids in study.PROFILES.items():
+            assert all(g.runs() for g in grids(studies.DEFAULT_FIELD_BIAS)), name
+    with pytest.raises(ValueError, match="unknown profile 'huge'"):
+        studies.profile("huge")
+    with pytest.raises(ValueError, match="unknown field bias"):
+        studies.profile("sampling", "none")
+
+    def results(variant):
+        run = {"config": asdict(TrainConfig(task="brackets", T=4, mode="softmax")), "variant": variant,
+               "metrics": {"val": brackets_metrics(0.9), "test": brackets_metrics(0.9)}}
+        return Results([_load_run(Path(f"{variant}.json"), json.dumps(run))])
+
+    assert studies.study_of(results("base")) is studies.paper
+    assert studies.study_of(results("noffn-bias-learn-0")) is studies.fair
+    assert studies.study_of(results("sampling-trotter800")) is studies.sampling
+
+
+def test_importing_the_reports_loads_no_plotting_or_scipy():
+    import subprocess
+    import sys
+
+    code = ("import sys; import boltzmann_attention.experiments.studies, boltzmann_attention.experiments.cli; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'scipy'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
