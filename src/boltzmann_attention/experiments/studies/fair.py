@@ -14,9 +14,9 @@ import numpy as np
 from ..plots import figure, finish
 from ..report import header_section
 from ..results import Group, Results
-from ..stats import ALPHA, Paired, millinats, paired, points, relative
+from ..stats import ALPHA, Paired, millinats, paired, points, relative, stat
 from ..sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid
-from ..tables import duration, fmt_interval, md_table, table_with_holm
+from ..tables import duration, fmt_interval, fmt_stat, md_table, table_with_holm
 
 # What the report says about the study (after its header).
 ABOUT = """It asks what the couplings J add over sigmoid attention (mode h) once the field bias is treated fairly:
@@ -118,10 +118,8 @@ def _values(g: Group | None, m: Metric) -> dict[int, float]:
 
 
 def _absolute(values: dict[int, float], m: Metric) -> str:
-    if not values:
-        return ""
-    v = np.array(list(values.values())) * m.scale
-    return f"{v.mean():.3f} ± {v.std(ddof=1):.3f}" if v.size > 1 else f"{v.mean():.3f}"
+    """mean ± std over seeds of the metric in its unit (blank when not measured)."""
+    return fmt_stat(stat(np.array(list(values.values())) * m.scale), show_n=False)
 
 
 PREFIXES = ("", NOFFN)  # settings of the study: as is, and (brackets) without the FFN
