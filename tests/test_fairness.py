@@ -9,8 +9,11 @@ from test_report import table_after, write_run
 
 from boltzmann_attention.experiments import cli
 from boltzmann_attention.experiments import sweep as experiments
-from boltzmann_attention.experiments.fairness import holm, is_fair_study, paired, points, relative, write_fair_report
-from boltzmann_attention.experiments.sweep import FIELD_BIASES, field_bias_config, profile
+from boltzmann_attention.experiments.results import Results, load_runs
+from boltzmann_attention.experiments.stats import holm, paired, points, relative
+from boltzmann_attention.experiments.studies import fair, profile, study_of, write_report
+from boltzmann_attention.experiments.sweep import FIELD_BIASES, field_bias_config
+from boltzmann_attention.experiments.tables import fmt_interval
 
 SEEDS = (0, 1, 2, 3, 4)
 OFFSETS = (-0.2, -0.1, 0.0, 0.1, 0.2)  # per-seed deviation of a planted improvement (percent)
@@ -95,7 +98,7 @@ def test_paired_interval_and_p_value_match_scipy():
 def test_paired_edge_cases():
     assert paired({0: 1.0}, {1: 2.0}, relative) is None  # no common seed
     one = paired({0: 2.0}, {0: 1.0}, relative)
-    assert one.n == 1 and one.p is None and one.mean == pytest.approx(50.0) and one.text() == "+50.00 (n=1)"
+    assert one.n == 1 and one.p is None and one.mean == pytest.approx(50.0) and fmt_interval(one) == "+50.00 (n=1)"
     exact = paired({0: 1.0, 1: 1.0}, {0: 0.5, 1: 0.5}, points)
     assert exact.p == 0.0 and exact.low == exact.high == pytest.approx(-50.0)
     assert relative(10.0, 9.0) == pytest.approx(10.0) and points(0.9, 0.95) == pytest.approx(5.0)
@@ -166,8 +169,8 @@ def build_fair_results(root):
 def fair_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("fair")
     build_fair_results(root)
-    assert is_fair_study(root)
-    path = write_fair_report(root, root / "report")
+    assert study_of(Results(load_runs(root))) is fair
+    path = write_report(root, root / "report")
     return path.read_text()
 
 

@@ -9,8 +9,11 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from boltzmann_attention.experiments.report import combine, fit_exponential, load_runs, verdict, write_report
-from boltzmann_attention.experiments.sweep import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
+from boltzmann_attention.experiments.report import verdict
+from boltzmann_attention.experiments.results import load_runs
+from boltzmann_attention.experiments.stats import combine, fit_exponential
+from boltzmann_attention.experiments.studies import write_report
+from boltzmann_attention.experiments.studies.paper import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
 from boltzmann_attention.experiments.train import TrainConfig
 
 SEEDS = (0, 1, 2)
@@ -377,3 +380,252 @@ def test_sampler_section_pairs_sampler_and_exact_runs(tmp_path):
     noise = [(4.85 - (4.9 + 0.01 * s)) / 4.85 * 100 for s in SEEDS]
     expected = f"{statistics.mean(noise):+.2f} ± {statistics.stdev(noise):.2f}%"
     assert row["evaluation: sampler eval − exact eval"] == expected
+
+
+# ------------------------------------------------------------------------------------------------ bad runs
+
+def test_unusable_runs_are_flagged_and_left_out(tmp_path):
+    """A NaN, string, missing or negative perplexity: listed in the header with its reason, counted nowhere,
+    averaged nowhere."""
+    for seed in SEEDS:
+        write_run(tmp_path, "shakespeare", 8, "softmax", seed, val=shakespeare_val(softmax_ppl(8, seed)))
+        write_run(tmp_path, "shakespeare", 8, "h+J", seed, val=shakespeare_val(planted_ppl("h+J", 8, seed)))
+    bad = {3: math.nan, 4: "7.1", 5: None, 6: -3.0}
+    for seed, ppl in bad.items():
+        val = {**shakespeare_val(5.0), "ppl": ppl}
+        if ppl is None:
+            del val["ppl"]
+        write_run(tmp_path, "shakespeare", 8, "h+J", seed, val=val)
+    write_run(tmp_path, "brackets", 8, "h", 0, val=brackets_metrics(1.5), test=brackets_metrics(0.9))
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    assert "- Runs: 6 (shakespeare: 6); variants: base (6)" in text  # the 5 bad runs are not counted
+    assert "- Seeds: 0, 1, 2\n" in text
+    left_out = next(line for line in text.splitlines() if line.startswith("- Left out"))
+    assert left_out.startswith("- Left out, not counted above: 5 runs with unusable metrics: ")
+    for reason in ("`shakespeare-T8-h+J-exact-base-s3` (metrics.val.ppl is nan)",
+                   "`shakespeare-T8-h+J-exact-base-s4` (metrics.val.ppl is a str ('7.1'))",
+                   "`shakespeare-T8-h+J-exact-base-s5` (metrics.val.ppl is missing)",
+                   "`shakespeare-T8-h+J-exact-base-s6` (metrics.val.ppl = -3 is below 1)",
+                   "`brackets-T8-h-exact-base-s0` (metrics.val.accuracy = 1.5 is outside [0, 1])"):
+        assert reason in left_out
+    table = table_after(text, "### Shakespeare: perplexity, all positions (variant `base`)")
+    m, s = mean_std([planted_ppl("h+J", 8, seed) for seed in SEEDS])
+    assert table["8"]["h+J PPL"] == f"{m:.3f} ± {s:.3f} (n=3)" and table["8"]["h+J Δ%"] == "+1.00 ± 0.10"
+    assert "Bracket matching" not in text  # its only run was left out
+    # the archive keeps every run, the bad ones too
+    assert len(load_runs(tmp_path / "out" / "runs.jsonl.gz")) == 11
+
+
+def test_metric_problems():
+    from boltzmann_attention.experiments.results import metric_problems, problems
+
+    assert metric_problems("shakespeare", {"val": shakespeare_val(5.0)}) == []
+    assert metric_problems("brackets", {"val": brackets_metrics(1.0), "test": {"loss": 0.0, "accuracy": 0.0}}) == []
+    assert metric_problems("brackets", {"val": brackets_metrics(0.9)}) == ["metrics.test.accuracy is missing"]
+    assert metric_problems("shakespeare", {"val": {**shakespeare_val(5.0), "loss": math.inf}}) == [
+        "metrics.val.loss is inf"]
+    assert metric_problems("shakespeare", {"val": {**shakespeare_val(5.0), "ppl_last": True}}) == [
+        "metrics.val.ppl_last is a bool (True)"]
+    assert problems({"config": {"task": "shakespeare"}, "metrics": {}}) == [
+        f"config.{k} is missing" for k in ("T", "mode", "method", "seed")]
+    assert problems([]) == ["not a JSON object"]
+
+
+# ------------------------------------------------------------------------------------------------- wording
+
+def test_signed_differences_are_worded_by_their_sign(tmp_path):
+    """J planted better than softmax at T=8: the report says "below", never "above ... by -x %"."""
+    for seed in SEEDS:
+        write_run(tmp_path, "shakespeare", 8, "softmax", seed, val=shakespeare_val(6.0 + 0.1 * seed))
+        write_run(tmp_path, "shakespeare", 8, "J", seed, val=shakespeare_val((6.0 + 0.1 * seed) * 0.99))
+        write_run(tmp_path, "shakespeare", 12, "softmax", seed, val=shakespeare_val(6.0 + 0.1 * seed))
+        write_run(tmp_path, "shakespeare", 12, "J", seed, val=shakespeare_val((6.0 + 0.1 * seed) * 1.02))
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    worst = table_after(text, "### J the worst mode on Shakespeare")
+    assert worst["8"]["measured"] == "J's PPL 1.00 ± 0.00 % below the next worst (softmax)"
+    assert worst["12"]["measured"] == "J's PPL 2.00 ± 0.00 % above the next worst (softmax)"
+    assert not re.search(r"(above|below|ahead|behind)[^|]* by [+-]", text)
+
+
+def assert_prose_is_complete(text):
+    """No value left out of a sentence, no "1 seeds"-style plural, no error from a fit without freedom."""
+    assert " ," not in text and " ;" not in text and "( " not in text
+    assert not re.search(r"\b1 (seeds|runs|T values|points)\b", text), re.search(r"\b1 (seeds|runs|T values)\b", text)
+    assert "± 0.000 % per unit T" not in text
+
+
+def test_one_seed_reports_read_correctly(tmp_path):
+    """The quick profile's shape: one seed, two Shakespeare windows, brackets at one T."""
+    for T in (4, 8):
+        for mode in ("softmax", "h+J", "h", "J"):
+            J = planted_couplings(T, 0) if "J" in mode else None
+            write_run(tmp_path, "shakespeare", T, mode, 0, val=shakespeare_val(planted_ppl(mode, 8, 0) - 0.01 * T),
+                      couplings=J)
+    for mode in ("softmax", "h+J"):
+        write_run(tmp_path, "brackets", 8, mode, 0, val=brackets_metrics(0.9), test=brackets_metrics(0.9),
+                  couplings=planted_couplings(8, 0) if mode == "h+J" else None, steps=1000)
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    assert_prose_is_complete(text)
+    structure = table_after(text, "### The learned J has a distance-dependent structure stable across seeds")
+    assert structure["shakespeare T=8"]["measured"].startswith("correlation between seeds undefined (1 seed), R² by "
+                                                               "distance 0.")
+    grows = next(line for line in text.splitlines() if line.startswith("Measured: slope"))
+    assert grows.startswith("Measured: slope ") and "(no error: 2 points fix the line)" in grows and "±" not in grows
+    assert "- Training: steps 4000 (8 runs), 1000 (2 runs);" in text
+
+
+def test_committed_reports_read_correctly():
+    """The class of wording bugs, on the committed reports themselves."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "report"
+    for name in ("full", "fair", "sampling"):
+        text = (root / name / "README.md").read_text()
+        assert_prose_is_complete(text)
+        assert not re.search(r"(above|below)[^|]* by [+-]", text)
+
+
+def test_plural():
+    from boltzmann_attention.experiments.tables import counted, plural
+
+    assert plural(1, "seed") == "1 seed" and plural(3, "seed") == "3 seeds" and plural(0, "run") == "0 runs"
+    from collections import Counter
+
+    assert counted(Counter({"a": 2, "b": 1})) == "a (2 runs), b (1 run)"
+
+
+# --------------------------------------------------------------------------------------------------- plots
+
+def _inside(artist, fig):
+    renderer = fig.canvas.get_renderer()
+    box, page = artist.get_window_extent(renderer), fig.bbox
+    return box.x0 >= page.x0 - 1 and box.x1 <= page.x1 + 1 and box.y1 <= page.y1 + 1
+
+
+def test_single_window_plots_have_whole_titles_t_axes_legends_and_labelled_colour_bars(tmp_path):
+    from boltzmann_attention.experiments.plots import plot_couplings, plot_distance, plot_metric
+    from boltzmann_attention.experiments.report import TASK_METRICS, coupling_sets
+    from boltzmann_attention.experiments.results import Results
+    from boltzmann_attention.experiments.studies.paper import PAPER
+
+    for mode in ("softmax", "h+J"):
+        write_run(tmp_path, "brackets", 8, mode, 0, val=brackets_metrics(0.9), test=brackets_metrics(0.9),
+                  couplings=planted_couplings(8, 0) if mode == "h+J" else None)
+    res = Results(load_runs(tmp_path))
+    sets = coupling_sets(res, "brackets")
+    fig = plot_couplings(sets, "brackets", tmp_path / "heat.png")
+    assert fig.get_figwidth() * fig.dpi <= 300  # the small one-window heatmap
+    assert _inside(fig._suptitle, fig)
+    heat, bar = fig.axes
+    assert heat.get_title() == "T=8 (1 seed)" and bar.get_ylabel() == "J_jk"
+    fig = plot_metric(res, "brackets", "base", TASK_METRICS["brackets"], tmp_path / "m.png", PAPER["brackets"])
+    metric, diff = fig.axes
+    for axis in (metric, diff):
+        assert 8 in axis.get_xticks() and all(float(t).is_integer() for t in axis.get_xticks())
+        low, high = axis.get_xlim()
+        assert low <= 7 and high >= 9  # the offsets around T = 8 do not make the axis
+        assert axis.get_legend() is not None
+    assert 16 in metric.get_xticks()  # the paper's T=16 numbers are on the axis they are drawn on
+    assert "paper" in [t.get_text() for t in metric.get_legend().get_texts()]
+    fig = plot_distance(sets, "brackets", tmp_path / "d.png")
+    assert all(float(t).is_integer() for t in fig.axes[0].get_xticks())
+    assert _inside(fig.axes[0].title, fig)
+
+
+def test_wrap_fits_the_width():
+    from boltzmann_attention.experiments.plots import wrap
+
+    text = "shakespeare: learned J (h+J, head 0, mean over seeds)"
+    lines = wrap(text, 2.6, 9).splitlines()
+    assert len(lines) > 1 and all(len(line) * 0.55 * 9 <= 2.6 * 72 for line in lines)
+    assert wrap(text, 8.5, 9) == text
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+def test_paired_statistics_match_scipy():
+    from scipy import stats
+
+    from boltzmann_attention.experiments.stats import paired, relative_improvement
+
+    rng = np.random.default_rng(1)
+    a = dict(enumerate(rng.normal(6.0, 0.2, 5)))
+    b = {s: v * (1 - 0.01 + rng.normal(0, 0.003)) for s, v in a.items()}
+    x, y = np.array(list(a.values())), np.array(list(b.values()))
+    c = relative_improvement(a, b)  # relative per seed; tested as ttest_rel on the raw values
+    rel = (x - y) / x * 100
+    assert c.n == 5 and c.mean == pytest.approx(rel.mean()) and c.std == pytest.approx(rel.std(ddof=1))
+    assert c.p == pytest.approx(stats.ttest_rel(x, y).pvalue)
+    ci = stats.ttest_1samp(rel, 0.0).confidence_interval(0.95)
+    assert (c.low, c.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    d = paired(a, b, lambda u, v: (u - v) / u * 100)
+    assert d.p == pytest.approx(stats.ttest_1samp(rel, 0.0).pvalue) and d.low == pytest.approx(ci.low)
+    assert combine([{0: 1.0}, {1: 2.0}], lambda u, v: v - u).n == 0  # no shared seed: from the means, untested
+    assert combine([{0: 1.0}, {1: 2.0}], lambda u, v: v - u).p is None
+
+
+def test_line_fit_matches_scipy_and_has_no_error_without_freedom():
+    from scipy import stats
+
+    from boltzmann_attention.experiments.stats import fit_line
+
+    x, y = [4, 4, 8, 8, 12, 12], [0.1, 0.3, 0.8, 0.6, 1.2, 1.5]
+    fit, ref = fit_line(x, y), stats.linregress(x, y)
+    assert (fit.slope, fit.stderr, fit.p, fit.dof) == (pytest.approx(ref.slope), pytest.approx(ref.stderr),
+                                                       pytest.approx(ref.pvalue), 4)
+    two = fit_line([4, 8], [0.0, -2.064])
+    assert two.slope == pytest.approx(-0.516) and two.stderr is None and two.p is None and two.dof == 0
+    assert fit_line([4, 4], [1.0, 2.0]) is None
+
+
+def test_holm_against_adjusted_p_values():
+    from boltzmann_attention.experiments.stats import holm
+
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        p = rng.uniform(0, 0.06, rng.integers(1, 8))
+        order = np.argsort(p)
+        m = p.size
+        adjusted = np.maximum.accumulate(np.minimum(1, (m - np.arange(m)) * p[order]))
+        expected = np.empty(m, dtype=bool)
+        expected[order] = adjusted < 0.05
+        assert holm(list(p)) == list(expected)
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+def test_the_study_registry():
+    """Every study module has the same three names; the CLI's profiles and reports come from the registry."""
+    from pathlib import Path
+
+    from boltzmann_attention.experiments import studies
+    from boltzmann_attention.experiments.results import Results, _load_run
+
+    assert studies.PROFILES == ("quick", "full", "fair", "sampling")
+    for study in studies.STUDIES:
+        assert callable(study.owns) and callable(study.report) and study.PROFILES
+        for name, grids in study.PROFILES.items():
+            assert all(g.runs() for g in grids(studies.DEFAULT_FIELD_BIAS)), name
+    with pytest.raises(ValueError, match="unknown profile 'huge'"):
+        studies.profile("huge")
+    with pytest.raises(ValueError, match="unknown field bias"):
+        studies.profile("sampling", "none")
+
+    def results(variant):
+        run = {"config": asdict(TrainConfig(task="brackets", T=4, mode="softmax")), "variant": variant,
+               "metrics": {"val": brackets_metrics(0.9), "test": brackets_metrics(0.9)}}
+        return Results([_load_run(Path(f"{variant}.json"), json.dumps(run))])
+
+    assert studies.study_of(results("base")) is studies.paper
+    assert studies.study_of(results("noffn-bias-learn-0")) is studies.fair
+    assert studies.study_of(results("sampling-trotter800")) is studies.sampling
+
+
+def test_importing_the_reports_loads_no_plotting_or_scipy():
+    import subprocess
+    import sys
+
+    code = ("import sys; import boltzmann_attention.experiments.studies, boltzmann_attention.experiments.cli; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'scipy'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -102,7 +102,7 @@ def _require(*modules: str) -> None:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    from . import sweep as experiments
+    from . import studies
 
     parser = argparse.ArgumentParser(prog="boltzmann-attention", description=__doc__.strip())
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sweep,report,reproduce}")
@@ -139,14 +139,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     p_repro = sub.add_parser("reproduce", help="sweep and report for a profile of the paper's experiments",
                              description="Sweep a profile's grid, then write its report.")
-    p_repro.add_argument("--profile", choices=experiments.PROFILES, default="quick",
+    p_repro.add_argument("--profile", choices=studies.PROFILES, default="quick",
                          help="quick: a smoke test (one seed, short runs; its verdicts mean little); full: the "
                               "paper's tables; fair: the fair-baselines study; sampling: models trained through "
                               "DQA, PT and Gibbs against exact (default: %(default)s)")
-    p_repro.add_argument("--field-bias", choices=sorted(experiments.FIELD_BIASES),
-                         default=experiments.DEFAULT_FIELD_BIAS,
-                         help=f"field bias of the Boltzmann modes (default {experiments.DEFAULT_FIELD_BIAS}, "
-                              f"chosen by the fair study; {experiments.PAPER_FIELD_BIAS} is the paper's energy, "
+    p_repro.add_argument("--field-bias", choices=sorted(studies.FIELD_BIASES),
+                         default=studies.DEFAULT_FIELD_BIAS,
+                         help=f"field bias of the Boltzmann modes (default {studies.DEFAULT_FIELD_BIAS}, "
+                              f"chosen by the fair study; {studies.PAPER_FIELD_BIAS} is the paper's energy, "
                               "which has no bias term)")
     p_repro.add_argument("--out", help="results folder (default: results/<profile>[-bias-<field bias>])")
     p_repro.add_argument("--report", help="report folder (default: report/<profile>[-bias-<field bias>])")
@@ -181,6 +181,7 @@ def _sweep_overrides(items: list[str]) -> dict:
 
 
 def _dispatch(args) -> int:
+    from . import studies
     from . import sweep as experiments
 
     if args.command == "train":
@@ -209,22 +210,21 @@ def _dispatch(args) -> int:
     elif args.command == "reproduce":
         _require("matplotlib", "scipy")
         name = args.profile
-        if args.field_bias != experiments.DEFAULT_FIELD_BIAS:
+        if args.field_bias != studies.DEFAULT_FIELD_BIAS:
             name += f"-bias-{args.field_bias}"
         out = Path(args.out or f"results/{name}")
         start = time.perf_counter()
-        names = experiments.sweep(experiments.profile(args.profile, args.field_bias), out, jobs=args.jobs)
+        names = experiments.sweep(studies.profile(args.profile, args.field_bias), out, jobs=args.jobs)
         print(f"{len(names)} runs in {time.perf_counter() - start:.0f} s -> {out}/runs")
         print(f"report -> {_write_report(out, args.report or f'report/{name}')}")
     return 0
 
 
 def _write_report(results, out) -> Path:
-    """The fair-study report for results of the fair profile, else the paper-comparison report."""
-    from .fairness import is_fair_study, write_fair_report
-    from .report import write_report
+    """The report of the study that owns these results (the paper's by default)."""
+    from .studies import write_report
 
-    return (write_fair_report if is_fair_study(results) else write_report)(results, out)
+    return write_report(results, out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,25 @@
-"""The report of the fair-baselines study (profile ``fair``, see :func:`experiments.fair_grids`).
+"""The fair-baselines study: what the couplings J add over sigmoid attention (mode h) once the field bias
+is treated fairly. Profile ``fair`` and its report.
+"""
 
-It asks what the couplings J add over sigmoid attention (mode h) once the field bias is treated fairly:
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..plots import figure, finish
+from ..report import header_section
+from ..results import Group, Results
+from ..stats import ALPHA, Paired, millinats, paired, points, relative, stat
+from ..sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid
+from ..tables import duration, fmt_interval, fmt_stat, md_table, table_with_holm
+
+# What the report says about the study (after its header).
+ABOUT = """It asks what the couplings J add over sigmoid attention (mode h) once the field bias is treated fairly:
 
 * field-bias variants x modes h, h+J, J against one softmax baseline, on both tasks;
 * two Shakespeare metrics (perplexity over all positions, and at the last position only) and two bracket
@@ -10,99 +29,68 @@ It asks what the couplings J add over sigmoid attention (mode h) once the field 
 Every comparison is paired over seeds (a seed fixes the initialisation and the data order of every mode):
 the mean of the per-seed differences with a 95% confidence interval from Student's t. ``*`` marks p < 0.05
 (two-sided paired t-test); ``**`` marks differences that stay significant after a Holm correction over all
-the comparisons of their table.
-"""
+the comparisons of their table."""
 
-from __future__ import annotations
-
-import gzip
-import json
-import math
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-
-import numpy as np
-
-from .report import ARCHIVE, Group, Results, _duration, _figure, _finish, header_section, load_runs, md_table
-from .sweep import DEFAULT_FIELD_BIAS, FAIR_T, FIELD_BIASES, J_INIT_STD, J_LR_MULTIPLIERS, NOFFN
-
-ALPHA = 0.05
 BOLTZMANN_MODES = ("h", "h+J", "J")
 
 
-# ------------------------------------------------------------------------------------------------ statistics
+# ---------------------------------------------------------------------------------------------------- grids
 
-@dataclass
-class Paired:
-    """Mean of per-seed differences with a two-sided (1 - ALPHA) confidence interval and t-test p-value."""
-
-    mean: float
-    low: float
-    high: float
-    p: float | None  # None with fewer than 2 paired seeds
-    n: int
-
-    def mark(self, holm: bool = False) -> str:
-        if self.p is None or self.p >= ALPHA:
-            return ""
-        return "**" if holm else "*"
-
-    def text(self, digits: int = 2, holm: bool = False) -> str:
-        if self.n < 2:
-            return f"{self.mean:+.{digits}f} (n={self.n})"
-        return f"{self.mean:+.{digits}f} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]{self.mark(holm)}"
+FAIR_SEEDS = (0, 1, 2, 3, 4)
+FAIR_T = 12
+J_LR_MULTIPLIERS = (0.3, 3.0)   # besides 1.0, which is the bias study's run
+J_INIT_STD = 0.1                # "small random" couplings: N(0, 0.1^2), against 0 by default
+NOFFN = "noffn-"  # variant prefix of the brackets runs without the FFN (d_ff = 0)
 
 
-def paired(a: dict[int, float], b: dict[int, float], fn: Callable[[float, float], float]) -> Paired | None:
-    """fn(a_s, b_s) over the seeds s present in both: mean, 95% t interval and paired t-test."""
-    seeds = sorted(set(a) & set(b))
-    if not seeds:
-        return None
-    d = np.array([fn(a[s], b[s]) for s in seeds], dtype=float)
-    mean, n = float(d.mean()), d.size
-    if n < 2:
-        return Paired(mean, math.nan, math.nan, None, n)
-    from scipy import stats
+def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
+    """The fair-baselines study, in the order it is run (the most important grids first).
 
-    sd = float(d.std(ddof=1))
-    if sd == 0.0:  # no spread: the difference is exact
-        return Paired(mean, mean, mean, 1.0 if mean == 0 else 0.0, n)
-    half = float(stats.t.ppf(1 - ALPHA / 2, n - 1)) * sd / math.sqrt(n)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        p = float(stats.ttest_1samp(d, 0.0).pvalue)
-    return Paired(mean, mean - half, mean + half, p, n)
+    1. Every field-bias variant for h, h+J and J against one softmax baseline, at T = 12 on both tasks.
+    2. Convergence: softmax, h and h+J trained 4x longer at T = 12 on Shakespeare.
+    3. The field-bias study on brackets without the FFN (T = 12), where the modes do not all reach 100%.
+    4. Sensitivity of J (h+J and J) at T = 12: its learning-rate multiplier and its initialisation, on
+       Shakespeare and on brackets without the FFN (with the FFN every mode saturates at T = 12).
+    5. The field-bias study again at T = 8 on Shakespeare.
+    Seeds are paired: a seed fixes the initialisation and the data order for every mode. Stages 2 and 4 use
+    ``field_bias`` (the default's variant); their 1x / zero-init counterpart is the bias-study run.
+    Variants: ``fair`` (softmax), ``bias-<b>``, ``long``, ``long-bias-<b>``, ``jlr<m>-bias-<b>``,
+    ``jinit<std>-bias-<b>``, each prefixed with NOFFN for the brackets runs without the FFN.
+    """
+    seeds, T, boltzmann = FAIR_SEEDS, FAIR_T, ("h", "h+J", "J")
+    settings = {"shakespeare": ("shakespeare", "", {}), "brackets": ("brackets", "", {}),
+                "brackets-noffn": ("brackets", NOFFN, {"d_ff": 0})}
+
+    def bias_study(setting: str, Ts: tuple[int, ...]) -> list[Grid]:
+        task, prefix, overrides = settings[setting]
+        return [Grid((task,), Ts, modes=("softmax",), seeds=seeds, variant=f"{prefix}fair", overrides=overrides)] + [
+            Grid((task,), Ts, modes=boltzmann, seeds=seeds, variant=f"{prefix}bias-{b}", overrides=overrides,
+                 field_bias=b) for b in FIELD_BIASES]
+
+    def sensitivity(setting: str, mode: str) -> list[Grid]:
+        task, prefix, overrides = settings[setting]
+        grids = [Grid((task,), (T,), modes=(mode,), seeds=seeds, variant=f"{prefix}jlr{m:g}-bias-{field_bias}",
+                      overrides={**overrides, "coupling_lr_multiplier": m}, field_bias=field_bias)
+                 for m in J_LR_MULTIPLIERS]
+        return grids + [Grid((task,), (T,), modes=(mode,), seeds=seeds,
+                             variant=f"{prefix}jinit{J_INIT_STD:g}-bias-{field_bias}",
+                             overrides={**overrides, "coupling_init_std": J_INIT_STD}, field_bias=field_bias)]
+
+    grids = bias_study("shakespeare", (T,)) + bias_study("brackets", (T,))
+    grids.append(Grid(("shakespeare",), (T,), modes=("softmax",), seeds=seeds, variant="long",
+                      overrides={"steps": 16000}))
+    grids.append(Grid(("shakespeare",), (T,), modes=("h", "h+J"), seeds=seeds, variant=f"long-bias-{field_bias}",
+                      overrides={"steps": 16000}, field_bias=field_bias))
+    grids += bias_study("brackets-noffn", (T,))
+    for mode in ("h+J", "J"):
+        grids += sensitivity("shakespeare", mode) + sensitivity("brackets-noffn", mode)
+    return grids + bias_study("shakespeare", (8,))
 
 
-def holm(p_values: list[float | None]) -> list[bool]:
-    """Which p-values stay below ALPHA after the Holm-Bonferroni correction (None counts as not rejected)."""
-    indexed = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
-    rejected = [False] * len(p_values)
-    m = len(indexed)
-    for rank, (p, i) in enumerate(indexed):
-        if p >= ALPHA / (m - rank):
-            break
-        rejected[i] = True
-    return rejected
+PROFILES = {"fair": fair_grids}
 
 
-def relative(reference: float, other: float) -> float:
-    """(reference - other) / reference x 100: positive when ``other`` is lower (better for PPL and loss)."""
-    return (reference - other) / reference * 100.0
-
-
-def points(reference: float, other: float) -> float:
-    """(other - reference) x 100: accuracy points, positive when ``other`` is better."""
-    return (other - reference) * 100.0
-
-
-def millinats(reference: float, other: float) -> float:
-    """(reference - other) x 1000: a loss difference in millinats, positive when ``other`` is lower. (A
-    relative difference would explode where the losses are near 0, as on saturated brackets.)"""
-    return (reference - other) * 1000.0
-
+# ---------------------------------------------------------------------------------------------------- report
 
 @dataclass(frozen=True)
 class Metric:
@@ -130,18 +118,8 @@ def _values(g: Group | None, m: Metric) -> dict[int, float]:
 
 
 def _absolute(values: dict[int, float], m: Metric) -> str:
-    if not values:
-        return ""
-    v = np.array(list(values.values())) * m.scale
-    return f"{v.mean():.3f} ± {v.std(ddof=1):.3f}" if v.size > 1 else f"{v.mean():.3f}"
-
-
-def _table_with_holm(header: list[str], cells: list[list[str | Paired | None]]) -> str:
-    """A Markdown table whose Paired cells are marked with the Holm correction over the whole table."""
-    found = [c for row in cells for c in row if isinstance(c, Paired)]
-    survives = dict(zip(map(id, found), holm([c.p for c in found])))
-    rows = [[c.text(holm=survives[id(c)]) if isinstance(c, Paired) else (c or "") for c in row] for row in cells]
-    return md_table(header, rows)
+    """mean ± std over seeds of the metric in its unit (blank when not measured)."""
+    return fmt_stat(stat(np.array(list(values.values())) * m.scale), show_n=False)
 
 
 PREFIXES = ("", NOFFN)  # settings of the study: as is, and (brackets) without the FFN
@@ -214,11 +192,11 @@ def bias_section(study: Study, task: str, T: int, prefix: str = "") -> list[str]
                   md_table(["field bias", *BOLTZMANN_MODES], absolute), "",
                   f"Against softmax ({unit}; 95% CI; best variants: "
                   + ", ".join(f"{mode} {best[mode]}" for mode in BOLTZMANN_MODES if best[mode]) + "):", "",
-                  _table_with_holm(["field bias", *BOLTZMANN_MODES], versus), "",
+                  table_with_holm(["field bias", *BOLTZMANN_MODES], versus), "",
                   f"What J adds: h+J against h with the same field bias ({unit}; 95% CI):", "",
-                  _table_with_holm(["field bias", "h+J vs h"], adds), "",
+                  table_with_holm(["field bias", "h+J vs h"], adds), "",
                   f"Each variant against the default `{DEFAULT_FIELD_BIAS}`, same mode ({unit}; 95% CI):", "",
-                  _table_with_holm(["field bias", *BOLTZMANN_MODES], against_default), ""]
+                  table_with_holm(["field bias", *BOLTZMANN_MODES], against_default), ""]
     return lines + learned_bias_table(study, task, T, prefix)
 
 
@@ -255,10 +233,11 @@ def convergence_section(study: Study, out: Path) -> list[str]:
             soft = _values(study.softmax(task, T, long), m)
             variant = long_variants[0] if long else f"bias-{bias}"
             h, hj = (_values(study.group(task, T, mode, variant), m) for mode in ("h", "h+J"))
-            steps = study.softmax(task, T, long).runs[0].config["steps"] if soft else "?"
+            group = study.softmax(task, T, long)
+            steps = next(iter(group.runs.values())).config["steps"] if soft else "?"
             rows.append([str(steps), _absolute(soft, m), _absolute(h, m), _absolute(hj, m),
                          paired(soft, h, m.diff), paired(soft, hj, m.diff), paired(h, hj, m.diff)])
-        lines += [f"**{m.title}**", "", _table_with_holm(
+        lines += [f"**{m.title}**", "", table_with_holm(
             ["steps", "softmax", "h", "h+J", f"h vs softmax ({m.unit})", f"h+J vs softmax ({m.unit})",
              f"h+J vs h ({m.unit})"], rows), ""]
     png = "convergence.png"
@@ -268,7 +247,7 @@ def convergence_section(study: Study, out: Path) -> list[str]:
 
 def plot_convergence(study: Study, variant: str, path: Path) -> None:
     """Validation perplexity (all positions) against step, mean over seeds, for the 16000-step runs."""
-    fig = _figure(5.0, 3.2)
+    fig = figure(5.0, 3.2)
     ax = fig.subplots()
     for mode, g, color in (("softmax", study.softmax("shakespeare", FAIR_T, long=True), "black"),
                            ("h", study.group("shakespeare", FAIR_T, "h", variant), "tab:orange"),
@@ -280,7 +259,7 @@ def plot_convergence(study: Study, variant: str, path: Path) -> None:
         if steps:
             ax.plot(steps, [np.mean([c[s] for c in curves]) for s in steps], marker="o", ms=3, color=color,
                     label=f"{mode} (n={len(curves)})")
-    _finish(fig, ax, "step", "validation perplexity", f"Shakespeare T={FAIR_T}, 16000 steps", path)
+    finish(fig, ax, "step", "validation perplexity", f"Shakespeare T={FAIR_T}, 16000 steps", path)
 
 
 def sensitivity_section(study: Study) -> list[str]:
@@ -306,7 +285,7 @@ def sensitivity_section(study: Study) -> list[str]:
                         rows.append([label, _absolute(v, m), paired(reference, v, m.diff), paired(soft, v, m.diff)])
                 if len(rows) > 1:
                     lines += [f"**{_setting(task, prefix)}, {mode}, field bias {bias}: {m.title}**", "",
-                              _table_with_holm(["J setting", m.title, f"vs reference ({m.unit})",
+                              table_with_holm(["J setting", m.title, f"vs reference ({m.unit})",
                                                 f"vs softmax ({m.unit})"], rows), ""]
     if not lines:
         return []
@@ -323,13 +302,14 @@ def _claim(text: str, c: Paired | None, expect: str, unit: str) -> str:
     if c is None:
         return f"{text}: not measured"
     if c.p is None:
-        return f"{text}: {c.text()} {unit}, too few seeds to test"
+        return f"{text}: {fmt_interval(c)} {unit}, too few seeds to test"
     significant = c.p < ALPHA
     sign = "better" if c.mean > 0 else "worse"
     if not significant:
-        return f"{text}: no significant difference ({c.text()} {unit}, p = {c.p:.2g}); the claim is not supported"
+        return (f"{text}: no significant difference ({fmt_interval(c)} {unit}, p = {c.p:.2g}); "
+                "the claim is not supported")
     verdict = "holds" if sign == expect else "is contradicted"
-    return f"{text}: significantly {sign} ({c.text()} {unit}, p = {c.p:.2g}); the claim {verdict}"
+    return f"{text}: significantly {sign} ({fmt_interval(c)} {unit}, p = {c.p:.2g}); the claim {verdict}"
 
 
 def conclusions_section(study: Study) -> list[str]:
@@ -359,7 +339,7 @@ def conclusions_section(study: Study) -> list[str]:
             if best:
                 reach.append(f"{mode} {_absolute(_values(study.biased(task, T, mode, best, prefix), m), m)} ({best})")
         if reach:
-            lines += [f"- Best-tuned: softmax {_absolute(base, m)}; " + "; ".join(reach)
+            lines += [f"- Best-tuned: softmax {_absolute(base, m) or 'not measured'}; " + "; ".join(reach)
                       + " (best of the bias variants on the same seeds, so slightly optimistic).", ""]
     return lines + _convergence_claims(study)
 
@@ -379,22 +359,21 @@ def _convergence_claims(study: Study) -> list[str]:
         f"- {_claim(text, c, expect, m.unit)}" for text, c, expect in claims] + [""]
 
 
-# ------------------------------------------------------------------------------------------------------ write
+# ---------------------------------------------------------------------------------------------------- write
 
-def write_fair_report(results_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write ``out_dir/README.md``, its plot and ``runs.jsonl.gz`` for the fair study; returns the README."""
-    results_dir, out = Path(results_dir), Path(out_dir)
-    runs = load_runs(results_dir)
-    res = Results(runs)
+def owns(res: Results) -> bool:
+    """True when the results hold runs of the fair study (variants named ``bias-*`` or ``noffn-bias-*``)."""
+    return any(r.variant.startswith(tuple(f"{p}bias-" for p in PREFIXES)) for r in res.all_runs)
+
+
+def report(res: Results, results_dir: Path, out: Path) -> list[str]:
+    """Header, the field-bias study per setting, convergence, sensitivity of J, conclusions claim by claim."""
     study = Study(res)
-    out.mkdir(parents=True, exist_ok=True)
-    with gzip.GzipFile(out / ARCHIVE, "wb", mtime=0) as f:
-        f.write("".join(json.dumps(r.raw, separators=(",", ":")) + "\n" for r in runs).encode())
     lines = header_section(res, results_dir)[:-1]
     lines[0] = "# Fair baselines: what the couplings add over sigmoid attention and its field bias"
     lines += ["- Sum of run wall times per task: " + ", ".join(
-        f"{t} {_duration(sum(r.wall_time_s for r in runs if r.task == t))}" for t in res.tasks()), "",
-        __doc__.split("\n\n", 1)[1].strip(), "",
+        f"{t} {duration(sum(r.wall_time_s for r in res.runs if r.task == t))}" for t in res.tasks()), "",
+        ABOUT, "",
         "Field-bias variants (b = c·log T at initialisation; the weights are sigmoid(2h), so the logit bias is 2b): "
         + "; ".join(f"`{b}`: {'learnable' if lr else 'fixed'}, c = {c:g}" for b, (lr, c) in FIELD_BIASES.items())
         + f". The library's default is `{DEFAULT_FIELD_BIAS}`. With `fixed-0` the J-only mode has no field at all, "
@@ -404,12 +383,4 @@ def write_fair_report(results_dir: str | Path, out_dir: str | Path) -> Path:
         lines += bias_section(study, task, T, prefix)
     lines += convergence_section(study, out)
     lines += sensitivity_section(study)
-    lines += conclusions_section(study)
-    path = out / "README.md"
-    path.write_text("\n".join(lines).rstrip() + "\n")
-    return path
-
-
-def is_fair_study(results_dir: str | Path) -> bool:
-    """True when a results folder or archive holds runs of the fair study (variants named bias-*)."""
-    return any(r.variant.startswith(tuple(f"{p}bias-" for p in PREFIXES)) for r in load_runs(results_dir))
+    return lines + conclusions_section(study)

@@ -1,0 +1,250 @@
+"""Run results as the reports read them: loading, checking and grouping over seeds.
+
+A sweep writes one JSON per run (``<results>/runs/<name>.json``, see :func:`..train.write_result`); a report
+also writes every run into ``runs.jsonl.gz`` beside it, and :func:`load_runs` reads either. :func:`problems`
+says what is wrong with a result (the sweep uses it to decide whether a run is finished); :class:`Results`
+leaves out the runs whose metrics are unusable and says which and why (``Results.excluded``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ARCHIVE = "runs.jsonl.gz"  # every run's result, one JSON per line, written next to each report
+MODE_ORDER = ("softmax", "h+J", "h", "J", "h+K", "h+J+K")
+BASELINE = "softmax"
+INFO_KEYS = ("machine", "processor", "cpus", "torch", "python", "commit")
+
+# The metric each task's reports are about: a run without it (or with an unusable value) is left out.
+HEADLINE = {"shakespeare": ("val", "ppl"), "brackets": ("test", "accuracy")}
+
+
+# ---------------------------------------------------------------------------------------------- checking
+
+def _metric_problem(where: str, key: str, value) -> str | None:
+    """Why a metric value is unusable, or None: not a number, not finite, or outside its range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{where} is {'missing' if value is None else f'a {type(value).__name__} ({value!r:.20})'}"
+    if not math.isfinite(value):
+        return f"{where} is {value}"
+    name = key.split("_")[0]
+    if name == "ppl" and value < 1:
+        return f"{where} = {value:g} is below 1"
+    if name == "loss" and value < 0:
+        return f"{where} = {value:g} is negative"
+    if name == "accuracy" and not 0 <= value <= 1:
+        return f"{where} = {value:g} is outside [0, 1]"
+    return None
+
+
+def metric_problems(task: str, metrics) -> list[str]:
+    """What is wrong with a run's metrics: the task's headline metric missing, or any value unusable."""
+    if not isinstance(metrics, dict):
+        return ["metrics is not a dict"]
+    found = []
+    if task in HEADLINE:
+        split, key = HEADLINE[task]
+        if not isinstance(metrics.get(split), dict) or key not in metrics[split]:
+            found.append(f"metrics.{split}.{key} is missing")
+    for split, values in metrics.items():
+        if not isinstance(values, dict):
+            found.append(f"metrics.{split} is not a dict")
+            continue
+        for key, value in values.items():
+            problem = _metric_problem(f"metrics.{split}.{key}", key, value)
+            if problem:
+                found.append(problem)
+    return found
+
+
+def problems(result) -> list[str]:
+    """What keeps a parsed result JSON from counting as a finished run (empty when it is fine)."""
+    if not isinstance(result, dict):
+        return ["not a JSON object"]
+    missing = [k for k in ("config", "metrics") if not isinstance(result.get(k), dict)]
+    if missing:
+        return [f"{k} is missing" for k in missing]
+    missing = [k for k in ("task", "T", "mode", "method", "seed") if k not in result["config"]]
+    if missing:
+        return [f"config.{k} is missing" for k in missing]
+    return metric_problems(str(result["config"]["task"]), result["metrics"])
+
+
+def file_problems(path: str | Path) -> list[str]:
+    """What is wrong with a result file: unreadable, not JSON (e.g. truncated), or :func:`problems`."""
+    try:
+        return problems(json.loads(Path(path).read_text()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return [f"unreadable: {e}"]
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+@dataclass
+class Run:
+    """One result JSON."""
+
+    path: Path
+    name: str
+    task: str
+    variant: str
+    T: int
+    mode: str
+    method: str
+    seed: int
+    config: dict
+    metrics: dict
+    wall_time_s: float
+    steps_run: int | None
+    couplings: np.ndarray | None  # (H, T, T) learned J of layer 0
+    info: dict
+    raw: dict  # the whole result, as loaded
+
+    @property
+    def key(self) -> tuple:
+        return (self.task, self.variant, self.T, self.mode, self.method)
+
+    def problems(self) -> list[str]:
+        return metric_problems(self.task, self.metrics)
+
+
+def load_runs(results: str | Path) -> list[Run]:
+    """Every ``runs/*.json`` below a results folder (``*.tmp`` files of unfinished writes are ignored), or
+    every line of a ``runs.jsonl.gz`` archive written with a report. Raises ValueError naming the file of a
+    malformed result."""
+    results = Path(results)
+    if results.is_file():
+        with gzip.open(results, "rt") as f:
+            return [_load_run(Path(f"{results}:{i + 1}"), line) for i, line in enumerate(f) if line.strip()]
+    runs_dir = results / "runs"
+    paths = sorted(runs_dir.glob("*.json"))
+    if not paths:
+        raise ValueError(f"no run results (*.json) in {runs_dir}")
+    return [_load_run(p, p.read_text()) for p in paths]
+
+
+def write_archive(runs: list[Run], out: Path) -> Path:
+    """Every run's result into ``out/runs.jsonl.gz`` (reproducible bytes: no timestamp)."""
+    path = out / ARCHIVE
+    with gzip.GzipFile(path, "wb", mtime=0) as f:
+        f.write("".join(json.dumps(r.raw, separators=(",", ":")) + "\n" for r in runs).encode())
+    return path
+
+
+def _load_run(path: Path, text: str) -> Run:
+    try:
+        d = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"malformed result file {path}: {e}") from None
+    try:
+        cfg = d["config"]
+        T = int(cfg["T"])
+        metrics = d["metrics"]
+        if not isinstance(metrics.get("val"), dict):
+            raise KeyError("metrics.val")
+        run = Run(path=path, name=str(d.get("run", path.stem)), task=str(cfg["task"]),
+                  variant=str(d.get("variant", "base")), T=T, mode=str(cfg["mode"]), method=str(cfg["method"]),
+                  seed=int(d.get("seed", cfg["seed"])), config=cfg, metrics=metrics,
+                  wall_time_s=float(d.get("wall_time_s") or 0.0), steps_run=d.get("steps_run"),
+                  couplings=None, info={k: d.get(k) for k in INFO_KEYS}, raw=d)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"result file {path} lacks a field or has a bad one: {e!r}") from None
+    if d.get("couplings") is not None:
+        J = np.asarray(d["couplings"], dtype=float)
+        J = J[None] if J.ndim == 2 else J
+        if J.ndim != 3 or J.shape[1:] != (T, T):
+            raise ValueError(f"result file {path}: couplings have shape {J.shape}, expected (H, {T}, {T})")
+        run.couplings = J
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- grouping
+
+@dataclass
+class Group:
+    """The runs of one grid point over seeds."""
+
+    task: str
+    variant: str
+    T: int
+    mode: str
+    method: str
+    runs: dict  # seed -> Run
+
+    def values(self, metric: str, split: str = "val") -> dict[int, float]:
+        """seed -> metric, leaving out runs without a finite value."""
+        out = {}
+        for seed, run in self.runs.items():
+            v = run.metrics.get(split, {}).get(metric)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                out[seed] = float(v)
+        return out
+
+    def couplings(self) -> dict[int, np.ndarray]:
+        """seed -> J of head 0, (T, T)."""
+        return {s: r.couplings[0] for s, r in self.runs.items() if r.couplings is not None}
+
+
+def mode_rank(mode: str) -> int:
+    return MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER)
+
+
+def variant_rank(variant: str) -> tuple:
+    return (variant != "base", variant)
+
+
+class Results:
+    """The usable runs, grouped by (task, variant, T, mode, method).
+
+    ``runs`` holds the usable ones; ``excluded`` the (run, reasons) left out for unusable metrics (see
+    :func:`metric_problems`); ``duplicates`` names the files of a grid point and seed seen twice.
+    """
+
+    def __init__(self, runs: list[Run]):
+        self.all_runs = runs
+        self.excluded: list[tuple[Run, list[str]]] = [(r, r.problems()) for r in runs if r.problems()]
+        left_out = {id(r) for r, _ in self.excluded}
+        self.runs = [r for r in runs if id(r) not in left_out]
+        self.groups: dict[tuple, Group] = {}
+        self.duplicates: list[str] = []
+        for run in sorted(self.runs, key=lambda r: str(r.path)):
+            g = self.groups.setdefault(run.key, Group(*run.key, runs={}))
+            if run.seed in g.runs:
+                self.duplicates.append(f"{run.path.name} (same grid point and seed as {g.runs[run.seed].path.name})")
+                continue
+            g.runs[run.seed] = run
+
+    def tasks(self) -> list[str]:
+        return sorted({k[0] for k in self.groups}, key=lambda t: (t != "shakespeare", t))
+
+    def variants(self, task: str) -> list[str]:
+        return sorted({k[1] for k in self.groups if k[0] == task}, key=variant_rank)
+
+    def Ts(self, task: str, variant: str) -> list[int]:
+        return sorted({k[2] for k in self.groups if k[:2] == (task, variant)})
+
+    def columns(self, task: str, variant: str) -> list[tuple[str, str]]:
+        """The (mode, method) pairs present, in the paper's order of modes, exact enumeration first."""
+        cols = {(k[3], k[4]) for k in self.groups if k[:2] == (task, variant)}
+        return sorted(cols, key=lambda c: (mode_rank(c[0]), c[0], c[1] != "exact", c[1]))
+
+    def get(self, task: str, variant: str, T: int, mode: str, method: str) -> Group | None:
+        return self.groups.get((task, variant, T, mode, method))
+
+    def pick(self, task: str, variant: str, T: int, mode: str, method: str | None = None) -> Group | None:
+        """The group of a mode at T: the given method if present, else exact, else any."""
+        found = [g for k, g in self.groups.items() if k[:4] == (task, variant, T, mode)]
+        for preferred in (method, "exact"):
+            for g in found:
+                if g.method == preferred:
+                    return g
+        return min(found, key=lambda g: g.method) if found else None
+
+    def baseline(self, task: str, variant: str, T: int, method: str | None = None) -> Group | None:
+        return self.pick(task, variant, T, BASELINE, method)

@@ -1,0 +1,110 @@
+"""The sweep: a result counts as finished only when it is whole, and concurrent runs share the cores."""
+
+import json
+import math
+import os
+
+import pytest
+
+from boltzmann_attention.experiments import sweep as sweep_module
+from boltzmann_attention.experiments.sweep import Grid, run_name, sweep, threads_per_run
+
+TINY = dict(steps=3, batch_size=8, eval_interval=3, eval_windows=16, d_model=8, d_ff=16, warmup_steps=1)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A sweep of two tiny runs, done once; each test works on a copy."""
+    out = tmp_path_factory.mktemp("sweep")
+    grid = Grid(("brackets",), (4,), modes=("softmax", "h"), seeds=(0,), overrides=TINY)
+    assert len(sweep([grid], out)) == 2
+    return grid, {p.name: p.read_text() for p in (out / "runs").glob("*.json")}
+
+
+def _copy(finished, tmp_path):
+    grid, files = finished
+    (tmp_path / "runs").mkdir()
+    for name, text in files.items():
+        (tmp_path / "runs" / name).write_text(text)
+    return grid, [run_name(cfg) for _, cfg in grid.runs()]
+
+
+def test_a_rerun_says_how_many_runs_it_skipped(finished, tmp_path, capsys):
+    grid, names = _copy(finished, tmp_path)
+    capsys.readouterr()
+    assert sweep([grid], tmp_path) == []
+    assert capsys.readouterr().out.splitlines() == [f"skipped 2 finished runs in {tmp_path / 'runs'}"]
+    assert sweep([grid], tmp_path, dry_run=True) == []
+
+
+@pytest.mark.parametrize("breakage", ["truncated", "nan", "no metrics"])
+def test_a_broken_result_is_run_again_and_kept_aside(finished, tmp_path, capsys, breakage):
+    grid, names = _copy(finished, tmp_path)
+    path = tmp_path / "runs" / f"{names[1]}.json"
+    text = path.read_text()
+    if breakage == "truncated":
+        broken = text[: len(text) // 2]
+    else:
+        d = json.loads(text)
+        if breakage == "nan":
+            d["metrics"]["test"]["accuracy"] = math.nan
+        else:
+            del d["metrics"]
+        broken = json.dumps(d)
+    path.write_text(broken)
+    capsys.readouterr()
+    assert sweep([grid], tmp_path, dry_run=True) == [names[1]]  # a dry run renames nothing
+    assert path.read_text() == broken
+    assert sweep([grid], tmp_path) == [names[1]]
+    out = capsys.readouterr().out
+    assert "skipped 1 finished run in" in out and f"re-running {names[1]}: its result is broken (" in out
+    assert (tmp_path / "runs" / f"{names[1]}.json.broken").read_text() == broken  # nothing deleted
+    assert json.loads(path.read_text())["metrics"]["test"]["accuracy"] >= 0  # a whole result again
+    path.write_text(broken)
+    sweep([grid], tmp_path)
+    assert (tmp_path / "runs" / f"{names[1]}.json.broken-2").read_text() == broken
+
+
+def test_threads_never_oversubscribe_the_cores(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(sweep_module, "available_cores", lambda: 2)
+    assert [threads_per_run(jobs) for jobs in (1, 2, 3)] == [2, 1, 1]
+    monkeypatch.setattr(sweep_module, "available_cores", lambda: 16)
+    assert [threads_per_run(jobs) for jobs in (1, 2, 3, 16)] == [16, 8, 5, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # a cap set by the user, e.g. for two sweeps side by side
+    assert threads_per_run(1) == 2 and threads_per_run(16) == 1
+    assert threads_per_run(4, threads=3) == 3
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        threads_per_run(1, threads=0)
+
+
+def test_parallel_children_get_their_thread_count_before_torch_starts(monkeypatch, tmp_path):
+    """The pool's children inherit OMP_NUM_THREADS = cores // jobs, and the parent's environment is restored."""
+    seen = {}
+
+    class FakePool:
+        def __init__(self, jobs):
+            seen["jobs"], seen["env"] = jobs, {k: os.environ.get(k) for k in sweep_module.THREAD_VARIABLES}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def imap_unordered(self, fn, tasks):
+            seen["threads"] = {t[4] for t in tasks}
+            return [(t[0], None) for t in tasks]
+
+    class FakeContext:
+        Pool = FakePool
+
+    monkeypatch.setattr(sweep_module.mp, "get_context", lambda method: FakeContext)
+    monkeypatch.setattr(sweep_module, "available_cores", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "7")
+    grid = Grid(("brackets",), (4,), modes=("softmax", "h"), seeds=(0,), overrides=TINY)
+    assert len(sweep([grid], tmp_path, jobs=2)) == 2
+    assert seen["jobs"] == 2 and seen["threads"] == {1}
+    assert seen["env"] == {k: "1" for k in sweep_module.THREAD_VARIABLES}
+    assert "OMP_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "7"
