@@ -124,7 +124,7 @@ def _run_one(args) -> tuple[str, str | None]:
     checkpoint = out / "checkpoints" / f"{name}.pt"
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     try:
-        result = train(cfg, checkpoint=checkpoint, progress=progress)
+        result = train(cfg, checkpoint=checkpoint, progress=progress, out=out / "runs" / f"{name}.json")
     except Exception as e:  # reported by sweep(), which goes on with the other runs
         return name, f"{type(e).__name__}: {e}"
     result.update(run=name, variant=variant)

@@ -3,6 +3,8 @@
     paper.py     the paper's tables and claims (profiles quick and full); the default report
     fair.py      fair baselines: field-bias variants, convergence, sensitivity of J (profile fair)
     sampling.py  models trained through DQA, PT and Gibbs against exact marginals (profile sampling)
+    baselines.py strong baselines: nanoGPT's init, per-mode learning rates, training length, the nanoGPT
+                 check (profile baselines)
 
 A study module provides ``PROFILES`` ({profile name: grids(field_bias) -> list of Grid}), ``owns(results)``
 (whether a results folder is this study's) and ``report(results, results_dir, out) -> Markdown lines``.
@@ -15,14 +17,14 @@ from pathlib import Path
 
 from ..results import Results, load_runs, write_archive
 from ..sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS, Grid, field_bias_config
-from . import fair, paper, sampling
+from . import baselines, fair, paper, sampling
 
 __all__ = ["DEFAULT_FIELD_BIAS", "FIELD_BIASES", "PAPER_FIELD_BIAS", "PROFILES", "STUDIES", "profile",
            "study_of", "write_report"]
 
 # In the order of the CLI's profiles. A results folder's report is that of the first study after the default
 # (paper) that owns it, else the default's.
-STUDIES = (paper, fair, sampling)
+STUDIES = (paper, fair, sampling, baselines)
 DEFAULT_STUDY = paper
 
 PROFILES = tuple(name for study in STUDIES for name in study.PROFILES)

@@ -1,0 +1,239 @@
+"""Strong baselines: the field's initialisation, each mode at its own learning rate, training long enough, and
+the nanoGPT check of the recipe. Profile ``baselines`` and its report.
+
+The earlier studies trained every mode with PyTorch's default initialisation (nn.Embedding N(0, 1)) at one
+learning rate for 4000 steps. This study gives softmax the recipe of the field (nanoGPT / GPT-2) and every mode
+its own best settings, in stages, each decided by a rule fixed before the runs it decides were seen:
+
+1. Initialisation: `torch` against `gpt2` for softmax, h, J and h+J on Shakespeare at T = 8 and 12,
+   5 paired seeds, 4000 steps at lr 3e-3. Rule: the default is the init with the lower validation perplexity
+   (all positions) of *softmax*, averaged over the two windows.
+2. Learning rate: each mode at every lr of `LEARNING_RATES` under the chosen init, T = 8 and 12, 3 seeds.
+   Rule: per mode, the lr with the lowest mean log-perplexity over both windows (one lr per mode).
+3. Training length: the four modes at T = 12 with their best lr, 4000, 16000 and 64000 steps (each schedule
+   complete: warm-up, then cosine decay over the whole run), 3 seeds.
+4. The nanoGPT check: softmax in nanoGPT's CPU configuration (4 layers, 4 heads, d_model 128, T = 64, batch
+   12, 2000 iterations, lr 1e-3 with 100 warm-up steps and cosine decay to 1e-4, AdamW betas (0.9, 0.99),
+   no dropout, nanoGPT's init) against nanoGPT's published validation loss of about 1.88.
+Later stages use the decisions of the earlier ones: `CHOSEN_INIT` and `BEST_LR` below hold them, with the
+measurement that set them in the report.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from ..model import INITS
+from ..plots import figure, finish, style
+from ..report import header_section
+from ..results import Group, Results
+from ..stats import paired, relative, stat
+from ..sweep import Grid, with_field_bias
+from ..tables import duration, fmt_stat, md_table, table_with_holm
+
+MODES = ("softmax", "h", "J", "h+J")
+INIT_SEEDS = (0, 1, 2, 3, 4)
+SEEDS = (0, 1, 2)
+INIT_TS = (12, 8)
+BASE_LR = 3e-3  # the package's learning rate so far: the init study's
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)
+STEPS = (4000, 16000, 64000)
+CONVERGENCE_T = 12
+
+# Decisions of the earlier stages (see the report for the measurement behind each).
+CHOSEN_INIT = "gpt2"
+BEST_LR: dict[str, float] = {}  # mode -> lr; filled from stage 2
+
+# nanoGPT's config/train_shakespeare_char.py with the README's CPU overrides (shared/docs/SCALING.md §3).
+NANOGPT = {"batch_size": 12, "steps": 2000, "lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 0.1, "beta2": 0.99,
+           "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 250, "d_model": 128, "n_heads": 4,
+           "n_layers": 4, "d_ff": 512, "init": "gpt2"}
+NANOGPT_T = 64
+NANOGPT_LOSS = 1.88  # nanoGPT's README: "validation loss of about 1.88" for this configuration
+PREFIX = "init-"  # every variant of this study but the nanoGPT check
+NANOGPT_VARIANT = "nanogpt"
+
+
+def variant(init: str, lr: float = BASE_LR, steps: int = 4000) -> str:
+    """``init-<init>[-lr<lr>][-steps<steps>]``: the parts that differ from the init study's settings."""
+    return f"{PREFIX}{init}" + ("" if lr == BASE_LR else f"-lr{lr:g}") + ("" if steps == 4000 else f"-steps{steps}")
+
+
+def _grid(T: int, modes, seeds, init: str, lr: float = BASE_LR, steps: int = 4000) -> Grid:
+    overrides = {"init": init, "lr": lr, "steps": steps}
+    if steps != 4000:
+        overrides["eval_interval"] = steps // 16
+    return Grid(("shakespeare",), (T,), modes=tuple(modes), seeds=seeds, variant=variant(init, lr, steps),
+                overrides=overrides)
+
+
+def baselines_grids(field_bias: str) -> list[Grid]:
+    """The four stages in the order they run (a stage whose decision is not made yet has no grid)."""
+    grids = [_grid(T, MODES, INIT_SEEDS, init) for T in INIT_TS for init in INITS]
+    grids += [_grid(T, MODES, SEEDS, CHOSEN_INIT, lr) for T in INIT_TS for lr in LEARNING_RATES if lr != BASE_LR]
+    grids.append(Grid(("shakespeare",), (NANOGPT_T,), modes=("softmax",), seeds=SEEDS, variant=NANOGPT_VARIANT,
+                      overrides=NANOGPT))
+    for steps in STEPS[1:]:
+        grids += [_grid(CONVERGENCE_T, (mode,), SEEDS, CHOSEN_INIT, lr, steps) for mode, lr in BEST_LR.items()]
+    return with_field_bias(grids, field_bias)
+
+
+PROFILES = {"baselines": baselines_grids}
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+def owns(res: Results) -> bool:
+    """True when every run is of this study's variants."""
+    return bool(res.all_runs) and all(r.variant.startswith(PREFIX) or r.variant == NANOGPT_VARIANT
+                                      for r in res.all_runs)
+
+
+def report(res: Results, results_dir: Path, out: Path) -> list[str]:
+    lines = header_section(res, results_dir)
+    lines += [__doc__.split("\n\n", 1)[1].strip(), ""]
+    lines += nanogpt_section(res)
+    lines += init_section(res)
+    lines += learning_rate_section(res)
+    lines += convergence_section(res, out)
+    return lines
+
+
+def _values(g: Group | None, metric: str = "ppl") -> dict[int, float]:
+    return g.values(metric) if g is not None else {}
+
+
+def _get(res: Results, T: int, mode: str, var: str) -> Group | None:
+    return res.get("shakespeare", var, T, mode, "exact")
+
+
+def nanogpt_section(res: Results) -> list[str]:
+    g = _get(res, NANOGPT_T, "softmax", NANOGPT_VARIANT)
+    if g is None:
+        return []
+    losses = g.values("loss")
+    s = stat(losses.values())
+    rows = [[str(seed), f"{loss:.4f}", duration(g.runs[seed].wall_time_s)] for seed, loss in sorted(losses.items())]
+    gap = (s.mean - NANOGPT_LOSS) / NANOGPT_LOSS * 100
+    return ["## The nanoGPT check", "",
+            f"Softmax in nanoGPT's CPU configuration: validation loss (nats per character, all 64 positions of "
+            f"2048 fixed validation windows) {fmt_stat(s, digits=4)} against nanoGPT's published ~{NANOGPT_LOSS} "
+            f"({gap:+.1f}%). The training recipe is the field's.", "",
+            md_table(["seed", "validation loss", "wall time"], rows), ""]
+
+
+def init_section(res: Results) -> list[str]:
+    """Both inits per mode and T, the paired effect of the init, each mode against softmax under each init,
+    and the decision rule applied."""
+    if not any(_get(res, T, "softmax", variant(i)) for T in INIT_TS for i in INITS):
+        return []
+    lines = ["## 1. Initialisation", "",
+             "Validation perplexity (all positions, then last position), mean ± std over 5 seeds, 4000 steps, "
+             "lr 3e-3. 'gpt2 vs torch' and 'vs softmax' are paired over seeds, Δ% with its 95% interval, "
+             "positive = lower perplexity (better); `*` p < 0.05, `**` also after a Holm correction over the "
+             "table.", ""]
+    for metric, name in (("ppl", "all positions"), ("ppl_last", "last position")):
+        cells = []
+        for T in sorted(INIT_TS):
+            for mode in MODES:
+                torch_g, gpt2_g = (_get(res, T, mode, variant(i)) for i in ("torch", "gpt2"))
+                a, b = _values(torch_g, metric), _values(gpt2_g, metric)
+                if not a and not b:
+                    continue
+                soft = {i: _values(_get(res, T, "softmax", variant(i)), metric) for i in ("torch", "gpt2")}
+                cells.append([str(T), mode, fmt_stat(stat(a.values())), fmt_stat(stat(b.values())),
+                              paired(a, b, relative) if a and b else None,
+                              paired(soft["torch"], a, relative) if mode != "softmax" and a else None,
+                              paired(soft["gpt2"], b, relative) if mode != "softmax" and b else None])
+        lines += [f"### {name.capitalize()}", "",
+                  table_with_holm(["T", "mode", "torch PPL", "gpt2 PPL", "gpt2 vs torch, Δ%",
+                                   "vs softmax (torch), Δ%", "vs softmax (gpt2), Δ%"], cells), ""]
+    means = {}
+    for init in INITS:
+        per_T = [stat(_values(_get(res, T, "softmax", variant(init))).values()) for T in INIT_TS]
+        if all(per_T):
+            means[init] = statistics.mean(s.mean for s in per_T)
+    if len(means) == len(INITS):
+        best = min(means, key=means.get)
+        lines += ["Rule: the default init is softmax's best, by its mean perplexity over T = 8 and 12: "
+                  + ", ".join(f"{i} {means[i]:.3f}" for i in INITS) + f", so **{best}**"
+                  + ("" if best == CHOSEN_INIT else f" (the study's later stages still use {CHOSEN_INIT}: update "
+                                                    "CHOSEN_INIT)") + ".", ""]
+    return lines
+
+
+def learning_rate_section(res: Results) -> list[str]:
+    rows, best = [], {}
+    for mode in MODES:
+        scores = {}
+        for lr in LEARNING_RATES:
+            per_T = [_values(_get(res, T, mode, variant(CHOSEN_INIT, lr))) for T in INIT_TS]
+            per_T = [{s: v for s, v in d.items() if s in SEEDS} for d in per_T]  # the init study has 5 seeds
+            if all(per_T):
+                scores[lr] = statistics.mean(statistics.mean(math.log(v) for v in d.values()) for d in per_T)
+            if any(per_T):
+                rows.append([mode, f"{lr:g}"] + [fmt_stat(stat(d.values())) for d in per_T])
+        if len(scores) == len(LEARNING_RATES):
+            best[mode] = min(scores, key=scores.get)
+    if not rows:
+        return []
+    for row in rows:
+        if best.get(row[0]) == float(row[1]):
+            row[1] = f"**{row[1]}**"
+    lines = ["## 2. Each mode at its best learning rate", "",
+             f"Validation perplexity (all positions), mean ± std over seeds {', '.join(map(str, SEEDS))}, 4000 "
+             f"steps, init {CHOSEN_INIT}. Rule: per mode, the lr with the lowest mean log-perplexity over both "
+             "windows (bold).", "",
+             md_table(["mode", "lr"] + [f"T = {T}" for T in INIT_TS], rows), ""]
+    if best:
+        lines += ["Best: " + ", ".join(f"{m} {lr:g}" for m, lr in best.items())
+                  + ("" if best == BEST_LR else " (the convergence stage uses BEST_LR: update it)") + ".", ""]
+    return lines
+
+
+def convergence_section(res: Results, out: Path) -> list[str]:
+    found = {}
+    for mode, lr in BEST_LR.items():
+        for steps in STEPS:
+            g = _get(res, CONVERGENCE_T, mode, variant(CHOSEN_INIT, lr, steps))
+            if g is not None:
+                found[(mode, steps)] = g
+    if not found:
+        return []
+    cells = []
+    for steps in STEPS:
+        soft = _values(found.get(("softmax", steps)))
+        row = [str(steps)]
+        for mode in BEST_LR:
+            v = {s: x for s, x in _values(found.get((mode, steps))).items() if s in SEEDS}
+            row.append(fmt_stat(stat(v.values()), show_n=False))
+        for mode in BEST_LR:
+            if mode != "softmax":
+                v = _values(found.get((mode, steps)))
+                row.append(paired(soft, v, relative) if soft and v else None)
+        cells.append(row)
+    others = [m for m in BEST_LR if m != "softmax"]
+    _plot_convergence(found, out / "convergence.png")
+    return ["## 3. Training length", "",
+            f"T = {CONVERGENCE_T}, each mode at its best lr, validation perplexity (all positions) after the whole "
+            "schedule, mean ± std over seeds; Δ% against softmax paired over seeds (positive = better).", "",
+            table_with_holm(["steps"] + [f"{m} PPL" for m in BEST_LR] + [f"{m} vs softmax, Δ%" for m in others],
+                            cells), "", "![validation perplexity against steps](convergence.png)", ""]
+
+
+def _plot_convergence(found: dict, path: Path) -> None:
+    fig = figure(6.0, 4.0)
+    ax = fig.add_subplot(1, 1, 1)
+    for mode in BEST_LR:
+        points = [(steps, stat(g.values("ppl").values())) for (m, steps), g in sorted(found.items()) if m == mode]
+        points = [(s, st) for s, st in points if st is not None]
+        if points:
+            ax.errorbar([s for s, _ in points], [st.mean for _, st in points],
+                        yerr=[0 if math.isnan(st.std) else st.std for _, st in points], marker="o", capsize=3,
+                        label=f"{mode} (lr {BEST_LR[mode]:g})", **style(mode, "exact"))
+    ax.set_xscale("log")
+    ax.set_xticks(list(STEPS), [str(s) for s in STEPS])
+    finish(fig, ax, "training steps (whole schedule)", "validation perplexity",
+           f"Shakespeare T = {CONVERGENCE_T}: perplexity against training length", path)

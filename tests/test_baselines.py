@@ -1,0 +1,67 @@
+"""The strong-baselines study: its grids and its report on planted results."""
+
+import math
+
+import pytest
+from test_report import shakespeare_val, write_run
+
+from boltzmann_attention.experiments.results import Results, load_runs
+from boltzmann_attention.experiments.studies import baselines, profile, study_of, write_report
+
+
+def test_grids_follow_the_study_design(monkeypatch):
+    runs = [cfg for grid in profile("baselines") for _, cfg in grid.runs()]
+    for cfg in runs:
+        cfg.validate()
+    init = [c for c in runs if c.lr == 3e-3 and c.T in (8, 12)]
+    assert len(init) == 2 * 2 * 4 * 5 and {c.init for c in init} == {"torch", "gpt2"}
+    lr = [c for c in runs if c.lr != 3e-3 and c.T in (8, 12)]
+    assert len(lr) == 2 * 2 * 4 * 3 and {c.init for c in lr} == {baselines.CHOSEN_INIT}
+    nano = [c for c in runs if c.T == 64]
+    assert len(nano) == 3 and all(c.mode == "softmax" and c.n_layers == 4 and c.n_heads == 4 and c.d_model == 128
+                                  and c.batch_size == 12 and c.steps == 2000 and c.lr == 1e-3 and c.beta2 == 0.99
+                                  and c.init == "gpt2" for c in nano)
+    monkeypatch.setattr(baselines, "BEST_LR", {"softmax": 1e-3, "h": 3e-3})
+    long = [c for grid in profile("baselines") for _, c in grid.runs() if c.steps > 4000]
+    assert {(c.mode, c.lr, c.steps) for c in long} == {(m, lr, s) for m, lr in baselines.BEST_LR.items()
+                                                        for s in (16000, 64000)}
+    assert all(c.eval_interval == c.steps // 16 and c.T == 12 for c in long)  # complete schedules, same T
+
+
+def _plant(root):
+    """softmax 1% better with gpt2 at both T; the other modes level; lr 1e-2 best for h only."""
+    for T in (8, 12):
+        for mode in baselines.MODES:
+            for seed in range(5):
+                base = 7.0 + 0.01 * seed + (0.2 if mode == "J" else 0.0)
+                for init in ("torch", "gpt2"):
+                    ppl = base * (0.99 if init == "gpt2" and mode == "softmax" else 1.0)
+                    write_run(root, "shakespeare", T, mode, seed, variant=baselines.variant(init),
+                              val=shakespeare_val(ppl), init=init)
+            for lr in (1e-3, 1e-2):
+                for seed in range(3):
+                    ppl = 7.0 + 0.01 * seed + (-0.1 if (mode == "h" and lr == 1e-2) else 0.05)
+                    write_run(root, "shakespeare", T, mode, seed, variant=baselines.variant("gpt2", lr),
+                              val=shakespeare_val(ppl), init="gpt2", lr=lr)
+    for seed in range(3):
+        write_run(root, "shakespeare", 64, "softmax", seed, variant=baselines.NANOGPT_VARIANT,
+                  val={"loss": 1.87 + 0.01 * seed, "ppl": math.exp(1.87), "loss_last": 1.8, "ppl_last": 6.0},
+                  **baselines.NANOGPT)
+
+
+def test_report_on_planted_runs(tmp_path):
+    _plant(tmp_path)
+    assert study_of(Results(load_runs(tmp_path))) is baselines
+    text = write_report(tmp_path, tmp_path / "rep").read_text()
+    assert "1.8800 ± 0.0100 (n=3) against nanoGPT's published ~1.88 (+0.0%)" in text
+    assert "so **gpt2**." in text
+    row = next(line for line in text.splitlines() if line.startswith("| 12 | softmax |"))
+    assert "+1.00 [+1.00, +1.00]" in row  # gpt2 vs torch, paired: exactly the planted 1%
+    assert "| h | **0.01** |" in text and "| softmax | **0.003** |" in text
+    assert "Best: softmax 0.003, h 0.01, J 0.001, h+J 0.003" in text  # J: 7.2 at 3e-3, 7.05 at 1e-3
+
+
+@pytest.mark.parametrize("variant", ["base", "fair"])
+def test_other_studies_runs_are_not_claimed(tmp_path, variant):
+    write_run(tmp_path, "shakespeare", 8, "softmax", 0, variant=variant, val=shakespeare_val(7.0))
+    assert study_of(Results(load_runs(tmp_path))) is not baselines
