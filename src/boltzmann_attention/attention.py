@@ -37,8 +37,8 @@ def _mode_terms(mode: str) -> tuple[bool, bool, bool]:
     return mode != "J", "J" in mode, "K" in mode
 
 
-def _check_qkv(query: Tensor, key: Tensor, value: Tensor, uses_qk: bool) -> None:
-    """Types, shapes (named) and finiteness of query (B, H, L, E), key (B, H, S, E), value (B, H, S, Ev)."""
+def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """Types and shapes (named) of query (B, H, L, E), key (B, H, S, E), value (B, H, S, Ev)."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, Tensor) or not x.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got {type(x).__name__} "
@@ -57,8 +57,6 @@ def _check_qkv(query: Tensor, key: Tensor, value: Tensor, uses_qk: bool) -> None
         raise ValueError(f"key's last dimension E = {key.shape[-1]} must equal query's E = {query.shape[-1]}")
     if value.shape[-2] != key.shape[-2]:
         raise ValueError(f"value has {value.shape[-2]} keys (dimension -2) but key has S = {key.shape[-2]}")
-    for name, x in ((("query", query), ("key", key)) if uses_qk else ()) + (("value", value),):
-        _check_finite(name, x)  # one reduction each; the same rule in every mode
 
 
 def _check_broadcasts_to(name: str, x: Tensor, shape: tuple[int, ...]) -> None:
@@ -147,7 +145,7 @@ def boltzmann_attention(
     with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there).
     """
     uses_field, uses_J, uses_K = _mode_terms(mode)
-    _check_qkv(query, key, value, uses_qk=uses_field)
+    _check_qkv(query, key, value)
     L, S = query.shape[-2], key.shape[-2]
     _check_options(query, (*query.shape[:2], L, S), mode, method, method_options, attn_mask, bias, scale,
                    is_causal, return_weights)
@@ -162,7 +160,9 @@ def boltzmann_attention(
     _check_couplings("couplings", couplings, query, S, 2)
     _check_couplings("three_body", three_body, query, S, 3)
 
-    if mode == "softmax":
+    if mode == "softmax":  # NaN/inf: refused in every mode (here query and key, below the field they make)
+        _check_finite("query", query)
+        _check_finite("key", key)
         logits = query @ key.transpose(-1, -2) * scale
         if not return_weights:
             return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
@@ -178,8 +178,8 @@ def boltzmann_attention(
                                        mask.shape if mask is not None else ())
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
 
+    _check_finite("the field h = scale * query.key + bias", field)  # every mode, also h (closed form)
     if mode == "h":
-        _check_finite("h", field)  # as the Ising methods do (q.k can overflow)
         weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
     else:
         J = couplings.unsqueeze(1) if couplings is not None else None      # (H, 1, S, S) vs (B, H, L)

@@ -101,7 +101,7 @@ def sqa_draw(h: Tensor, J: Tensor | None, mask: Tensor | None, num_samples: int,
         j_perp = -0.5 * math.log(math.tanh(beta * gamma / P))
         # s = +1 iff u < sigmoid(2 F)  <=>  (beta/P) sum_l J_jl s_l + J_perp (neighbours) - threshold > 0
         u = torch.rand(N, C, P, n, generator=generator, device=device, dtype=dtype)
-        threshold = 0.5 * torch.logit(u) - field
+        threshold = 0.5 * (torch.log(u) - torch.log1p(-u)) - field  # logit(u); torch.logit is slow (see mcmc)
         for j in range(n):
             for p in (0, 1):
                 other = s[:, :, 1 - p::2, j]  # the slices of the other parity, (N, C, P/2)
