@@ -299,9 +299,14 @@ def test_relative_couplings_accept_zero_distance_only_as_int():
 # DimodSampler with an exact solver
 
 
-dimod = pytest.importorskip("dimod")
+try:
+    import dimod
+except ImportError:  # the test extra installs it; without it only the dimod cases are skipped
+    dimod = None
+needs_dimod = pytest.mark.skipif(dimod is None, reason="dimod not installed")
 
 
+@needs_dimod
 def test_dimod_exact_solver_gives_exact_marginals_and_gradients():
     """ExactSolver returns every state once (not num_reads reads): weighted by exp(-E) with this package's
     E, they give the exact marginals and, through the covariance estimator, the exact gradients."""
@@ -334,6 +339,7 @@ class _CountingSampler:
                                             vartype="SPIN", energy=np.zeros(self.reads))
 
 
+@needs_dimod
 def test_dimod_refuses_read_counts_it_cannot_use():
     h = torch.zeros(1, 3, dtype=DT)
     with pytest.raises(ValueError, match="returned 7 reads .* expected num_reads = 4.*ExactSolver"):
@@ -484,6 +490,14 @@ def _ising_cases():
          Raises("limited to n <= 16"))
     case("banded: wide band", lambda: ising.marginals(torch.zeros(1, 25, dtype=DT), J25, method="banded",
                                                       max_bandwidth=8), Raises("exceeds max_bandwidth=8"))
+    # huge option values that are harmless: the band and the size limit are capped by n
+    h4, J4 = problem()
+    case("banded: bandwidth 10**9", lambda: ising.marginals(h4, J4, method="banded", bandwidth=10**9,
+                                                            max_bandwidth=10**9), Equals(_ref(h4, J4), 1e-10))
+    case("exact: max_spins 10**9", lambda: ising.marginals(h4, J4, max_spins=10**9), Equals(_ref(h4, J4), 1e-10))
+    case("banded: J bool", lambda: ising.marginals(h4, J4 != 0, method="banded"), Raises("J must be a tensor of h's"))
+    if dimod is not None:
+        _dimod_cases(h4, J4)
     # the issue's example: fields and couplings of 1e15 fighting
     hx = torch.tensor([1.5e15, -1e15, 0.5, 0.5], dtype=DT)
     Jx = torch.zeros(4, 4, dtype=DT)
@@ -492,6 +506,24 @@ def _ising_cases():
         case(f"{method}: huge fields against huge couplings",
              lambda method=method: ising.marginals(hx, Jx, method=method),
              Equals(lambda: torch.tensor([1.0, 1.0, math.tanh(0.5), math.tanh(0.5)], dtype=DT), 1e-12))
+
+
+def _dimod_cases(h4, J4):
+    """A dimod exact solver through the dispatcher."""
+    exact_solver = ising.DimodSampler(dimod.ExactSolver())
+    mask4 = torch.tensor([[True, False, True, True]])
+    case("dimod ExactSolver: masked", lambda: ising.marginals(h4, J4, mask=mask4, method=exact_solver),
+         Equals(_ref(h4, J4, mask=mask4), 1e-12))
+    case("dimod ExactSolver: no couplings", lambda: ising.marginals(h4, method=exact_solver),
+         Equals(lambda: torch.tanh(h4), 1e-12))
+    case("dimod: unknown option", lambda: ising.marginals(h4, J4, method=exact_solver, num_reads=5),
+         Raises(r"unknown option\(s\) \['num_reads'\] for a DimodSampler; known options"))
+    case("dimod: three-body", lambda: ising.marginals(h4, J4, symmetric_three_body(4), method=exact_solver),
+         Raises("DimodSampler is pairwise only"))
+    case("dimod: log Z", lambda: ising.log_partition(h4, J4, method=exact_solver), Raises("estimate marginals only"))
+    case("dimod: num_reads 0", lambda: ising.DimodSampler(dimod.ExactSolver(), num_reads=0),
+         Raises("num_reads must be an integer >= 1"))
+    case("dimod: not a sampler", lambda: ising.DimodSampler("ExactSolver"), Raises("sampler must have a sample_ising"))
 
 
 def _finite_logz(shape):

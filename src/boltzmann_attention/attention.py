@@ -142,7 +142,10 @@ def boltzmann_attention(
     'h' uses the closed form sigmoid(2h) and ignores them.
 
     Returns the output (B, H, L, Ev), and the weights (B, H, L, S) when return_weights is True. A query
-    with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there).
+    with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there); B, L or S = 0
+    give empty results. Every argument is checked first, and an error names it: query and key must be
+    finite in every mode (and the field they make with bias), value is used as given (a NaN in it
+    propagates, as in SDPA).
     """
     uses_field, uses_J, uses_K = _mode_terms(mode)
     _check_qkv(query, key, value)
