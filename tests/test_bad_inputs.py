@@ -516,6 +516,14 @@ def _dimod_cases(h4, J4):
          Equals(_ref(h4, J4, mask=mask4), 1e-12))
     case("dimod ExactSolver: no couplings", lambda: ising.marginals(h4, method=exact_solver),
          Equals(lambda: torch.tanh(h4), 1e-12))
+    for shape in ((0, 4), (3, 0)):
+        empty = torch.zeros(shape, dtype=DT)
+        case(f"dimod ExactSolver: empty {shape}", lambda empty=empty: ising.marginals(empty, method=exact_solver),
+             Equals(lambda empty=empty: empty.clone(), 0.0))
+        reads3 = ising.DimodSampler(_CountingSampler({"num_reads": []}, 3), num_reads=3)  # a sampling sampler
+        case(f"dimod sampler: empty {shape}",
+             lambda empty=empty, sampler=reads3: ising.marginals(empty, method=sampler),
+             Equals(lambda empty=empty: empty.clone(), 0.0))
     case("dimod: unknown option", lambda: ising.marginals(h4, J4, method=exact_solver, num_reads=5),
          Raises(r"unknown option\(s\) \['num_reads'\] for a DimodSampler; known options"))
     case("dimod: three-body", lambda: ising.marginals(h4, J4, symmetric_three_body(4), method=exact_solver),

@@ -134,7 +134,7 @@ class DimodSampler:
                 Jv = Ji.detach().double().cpu().numpy()[np.ix_(columns, columns)]
                 negative_energy = negative_energy + 0.5 * np.einsum("sj,jk,sk->s", samples, Jv, samples)
             states.append((columns, samples)), log_weights.append(negative_energy)
-        S = max(len(w) for w in log_weights)
+        S = max((len(w) for w in log_weights), default=1)  # default: an empty batch
         spins = h.new_zeros(N, S, n)
         weights = torch.zeros(N, S, dtype=torch.float64)
         for i, ((columns, samples), lw) in enumerate(zip(states, log_weights, strict=True)):
