@@ -118,8 +118,8 @@ def test_causal_parity(mode, method):
     if "K" in mode and method != "exact":
         pytest.skip("three-body couplings need method='exact'")
     torch.manual_seed(0)
-    layer = BoltzmannAttention(16, 2, max_len=9, mode=mode, method=method, coupling_init_std=0.3,
-                               coupling="relative" if method == "banded" else "full", coupling_range=3)
+    coupling = {"coupling": "relative", "coupling_range": 3} if method == "banded" else {}
+    layer = BoltzmannAttention(16, 2, max_len=9, mode=mode, method=method, coupling_init_std=0.3, **coupling)
     x = torch.randn(2, 9, 16)
     y = x.clone()
     y[:, 5:] = torch.randn(2, 4, 16)

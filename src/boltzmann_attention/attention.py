@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import ising
+from .ising._inputs import _check_finite, check_int, check_real
 
 MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
 
@@ -33,6 +35,73 @@ def _mode_terms(mode: str) -> tuple[bool, bool, bool]:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
     return mode != "J", "J" in mode, "K" in mode
+
+
+def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """Types and shapes (named) of query (B, H, L, E), key (B, H, S, E), value (B, H, S, Ev)."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {type(x).__name__} "
+                             f"{getattr(x, 'dtype', '')}")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError("query, key and value must be 4-D: (B, H, L, E), (B, H, S, E), (B, H, S, Ev); got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise ValueError(f"query, key and value must have one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    B, H = query.shape[:2]
+    for name, x in (("key", key), ("value", value)):
+        if x.shape[:2] != (B, H):
+            raise ValueError(f"{name} has batch and heads {tuple(x.shape[:2])} but query has {(B, H)}: (B, H) "
+                             "must be the same for query, key and value")
+    if key.shape[-1] != query.shape[-1]:
+        raise ValueError(f"key's last dimension E = {key.shape[-1]} must equal query's E = {query.shape[-1]}")
+    if value.shape[-2] != key.shape[-2]:
+        raise ValueError(f"value has {value.shape[-2]} keys (dimension -2) but key has S = {key.shape[-2]}")
+
+
+def _check_broadcasts_to(name: str, x: Tensor, shape: tuple[int, ...]) -> None:
+    try:
+        ok = torch.broadcast_shapes(x.shape, shape) == shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} of shape {tuple(x.shape)} does not broadcast to (B, H, L, S) = {shape}")
+
+
+def _check_options(query: Tensor, shape: tuple[int, ...], mode: str, method, method_options, attn_mask, bias,
+                   scale, is_causal, return_weights) -> None:
+    """The other arguments of :func:`boltzmann_attention`; shape is (B, H, L, S)."""
+    for name, flag in (("is_causal", is_causal), ("return_weights", return_weights)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
+    if scale is not None:
+        check_real("scale", scale)
+    if isinstance(bias, Tensor):
+        if bias.dtype != query.dtype:
+            raise ValueError(f"bias must be a float or a tensor of query's dtype {query.dtype}, got {bias.dtype}")
+        _check_broadcasts_to("bias", bias, shape)
+    elif isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not math.isfinite(bias):
+        raise ValueError(f"bias must be a finite float or a tensor broadcastable to (B, H, L, S), got {bias!r}")
+    if mode == "softmax" and (isinstance(bias, Tensor) or bias != 0):
+        raise ValueError("mode 'softmax' does not use `bias` (it shifts the Ising field); pass 0.0")
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise ValueError(f"attn_mask must be a bool tensor, got {type(attn_mask).__name__}")
+        _check_broadcasts_to("attn_mask", attn_mask, shape)
+    ising.validate_options(method, {} if method_options is None else method_options)
+
+
+def _check_couplings(name: str, x: Tensor | None, query: Tensor, S: int, order: int) -> None:
+    """couplings (H or 1, S, S) or three_body (H or 1, S, S, S) of query's dtype."""
+    if x is None:
+        return
+    H = query.shape[1]
+    expected = "(H, " + ", ".join([str(S)] * order) + f") with H = 1 or {H} heads"
+    if not isinstance(x, Tensor) or x.dtype != query.dtype:
+        raise ValueError(f"{name} must be a tensor of query's dtype {query.dtype}, got {type(x).__name__} "
+                         f"{getattr(x, 'dtype', '')}")
+    if x.dim() != order + 1 or x.shape[1:] != (S,) * order or x.shape[0] not in (1, H):
+        raise ValueError(f"{name} must have shape {expected}, got {tuple(x.shape)}")
 
 
 def _combined_mask(attn_mask: Tensor | None, is_causal: bool, L: int, S: int, device) -> Tensor | None:
@@ -73,15 +142,16 @@ def boltzmann_attention(
     'h' uses the closed form sigmoid(2h) and ignores them.
 
     Returns the output (B, H, L, Ev), and the weights (B, H, L, S) when return_weights is True. A query
-    with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there).
+    with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there); B, L or S = 0
+    give empty results. Every argument is checked first, and an error names it: query and key must be
+    finite in every mode (and the field they make with bias), value is used as given (a NaN in it
+    propagates, as in SDPA).
     """
     uses_field, uses_J, uses_K = _mode_terms(mode)
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        raise ValueError("query, key and value must be 4-D: (B, H, L, E), (B, H, S, E), (B, H, S, Ev)")
-    if key.shape[-2] != value.shape[-2] or query.shape[-1] != key.shape[-1]:
-        raise ValueError(f"incompatible shapes: query {tuple(query.shape)}, key {tuple(key.shape)}, "
-                         f"value {tuple(value.shape)}")
+    _check_qkv(query, key, value)
     L, S = query.shape[-2], key.shape[-2]
+    _check_options(query, (*query.shape[:2], L, S), mode, method, method_options, attn_mask, bias, scale,
+                   is_causal, return_weights)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     mask = _combined_mask(attn_mask, is_causal, L, S, query.device)
 
@@ -90,12 +160,12 @@ def boltzmann_attention(
             raise ValueError(f"mode {mode!r} needs `{name}`")
         if given is not None and not needed:
             raise ValueError(f"mode {mode!r} does not use `{name}`; pass None or choose another mode")
-    if couplings is not None and (couplings.dim() != 3 or couplings.shape[-2:] != (S, S)):
-        raise ValueError(f"couplings must have shape (H, {S}, {S}), got {tuple(couplings.shape)}")
-    if three_body is not None and (three_body.dim() != 4 or three_body.shape[-3:] != (S, S, S)):
-        raise ValueError(f"three_body must have shape (H, {S}, {S}, {S}), got {tuple(three_body.shape)}")
+    _check_couplings("couplings", couplings, query, S, 2)
+    _check_couplings("three_body", three_body, query, S, 3)
 
-    if mode == "softmax":
+    if mode == "softmax":  # NaN/inf: refused in every mode (here query and key, below the field they make)
+        _check_finite("query", query)
+        _check_finite("key", key)
         logits = query @ key.transpose(-1, -2) * scale
         if not return_weights:
             return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
@@ -111,6 +181,7 @@ def boltzmann_attention(
                                        mask.shape if mask is not None else ())
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
 
+    _check_finite("the field h = scale * query.key + bias", field)  # every mode, also h (closed form)
     if mode == "h":
         weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
     else:
@@ -125,11 +196,19 @@ def boltzmann_attention(
     return (out, weights.expand(*out.shape[:-1], S)) if return_weights else out
 
 
+def _check_sizes(init_std: float = 0.0, **sizes: int) -> None:
+    """Each size an integer >= 1, init_std a finite number >= 0; ValueError naming the argument."""
+    for name, value in sizes.items():
+        check_int(name, value, 1)
+    check_real("coupling_init_std", init_std, minimum=0.0)
+
+
 class FullCouplings(nn.Module):
     """One free coupling J_jk per key pair and head, for lengths up to ``max_len``: (H, S, S)."""
 
     def __init__(self, num_heads: int, max_len: int, init_std: float = 0.0):
         super().__init__()
+        _check_sizes(num_heads=num_heads, max_len=max_len, init_std=init_std)
         self.max_len = max_len
         self.weight = nn.Parameter(torch.randn(num_heads, max_len, max_len) * init_std)
         self.weight._no_weight_decay = True
@@ -145,13 +224,14 @@ class FullCouplings(nn.Module):
 class RelativeCouplings(nn.Module):
     """J_jk = f(|j - k|) per head, with f(d) learnable for 1 <= d <= max_distance and 0 beyond.
 
-    Works for any length. J has bandwidth ``max_distance``, so method='banded' applies directly.
+    Works for any length. J has bandwidth ``max_distance``, so method='banded' applies directly;
+    max_distance = 0 means no couplings (J = 0).
     """
 
     def __init__(self, num_heads: int, max_distance: int, init_std: float = 0.0):
         super().__init__()
-        if max_distance < 1:
-            raise ValueError("max_distance must be >= 1")
+        _check_sizes(num_heads=num_heads, init_std=init_std)
+        check_int("max_distance (coupling_range)", max_distance, 0)
         self.max_distance = max_distance
         self.weight = nn.Parameter(torch.randn(num_heads, max_distance) * init_std)  # f(1) .. f(max_distance)
         self.weight._no_weight_decay = True
@@ -169,6 +249,7 @@ class ThreeBodyCouplings(nn.Module):
 
     def __init__(self, num_heads: int, max_len: int, init_std: float = 0.0):
         super().__init__()
+        _check_sizes(num_heads=num_heads, max_len=max_len, init_std=init_std)
         self.max_len = max_len
         self.weight = nn.Parameter(torch.randn(num_heads, max_len, max_len, max_len) * init_std)
         self.weight._no_weight_decay = True
@@ -192,7 +273,8 @@ class BoltzmannAttention(nn.Module):
     the optimiser with :func:`parameter_groups` so that weight decay does not pull J towards zero.
 
     coupling: 'full' (a free J_jk for every pair, lengths <= max_len) or 'relative' (J_jk = f(|j-k|),
-    any length, f = 0 beyond ``coupling_range``, default max_len - 1).
+    any length, f = 0 beyond ``coupling_range``, default max_len - 1; 0 means no couplings). All options
+    are checked here, before any training.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, max_len: int, mode: str = "h+J",
@@ -202,17 +284,13 @@ class BoltzmannAttention(nn.Module):
                  bias: bool = True, method_options: dict | None = None):
         super().__init__()
         uses_field, uses_J, uses_K = _mode_terms(mode)
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
-        if coupling not in ("full", "relative"):
-            raise ValueError(f"unknown coupling {coupling!r}; choose 'full' or 'relative'")
-        if not isinstance(method, ising.DimodSampler) and method not in ising.METHODS:
-            raise ValueError(f"unknown method {method!r}; choose one of {sorted(ising.METHODS)} or a DimodSampler")
+        coupling_range = _check_layer(embed_dim, num_heads, max_len, coupling, coupling_range, coupling_init_std,
+                                      field_bias_init, method, method_options, causal)
         self.embed_dim, self.num_heads, self.max_len = embed_dim, num_heads, max_len
         self.mode, self.method, self.causal = mode, method, causal
         self.method_options = dict(method_options or {})
         if method == "banded" and coupling == "relative" and uses_J:  # J's band is known: J_jk = 0 beyond the range
-            self.method_options.setdefault("bandwidth", coupling_range or max_len - 1)
+            self.method_options.setdefault("bandwidth", coupling_range)
         self.query = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
         self.key = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
         self.value = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -222,7 +300,7 @@ class BoltzmannAttention(nn.Module):
         if uses_J and coupling == "full":
             self.couplings = FullCouplings(num_heads, max_len, coupling_init_std)
         elif uses_J:
-            self.couplings = RelativeCouplings(num_heads, coupling_range or max_len - 1, coupling_init_std)
+            self.couplings = RelativeCouplings(num_heads, coupling_range, coupling_init_std)
         self.three_body = ThreeBodyCouplings(num_heads, max_len, coupling_init_std) if uses_K else None
 
         self.field_bias = None
@@ -234,19 +312,28 @@ class BoltzmannAttention(nn.Module):
 
     def _heads(self, x: Tensor) -> Tensor:  # (B, L, D) -> (B, H, L, D/H)
         B, L, _ = x.shape
-        return x.view(B, L, self.num_heads, -1).transpose(1, 2)
+        return x.view(B, L, self.num_heads, self.embed_dim // self.num_heads).transpose(1, 2)
+
+    def _check_input(self, x: Tensor) -> None:
+        dtype = self.value.weight.dtype
+        if not isinstance(x, Tensor) or x.dtype != dtype:
+            raise ValueError(f"x must be a tensor of the layer's dtype {dtype}, got {type(x).__name__} "
+                             f"{getattr(x, 'dtype', '')}")
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(f"x must have shape (B, L, embed_dim = {self.embed_dim}), got {tuple(x.shape)}")
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """x: (B, L, embed_dim). key_padding_mask: (B, L) bool, True marks padding to ignore (the
         nn.MultiheadAttention convention). Returns (output (B, L, embed_dim), weights (B, H, L, L) or None).
         """
+        self._check_input(x)
         B, L, _ = x.shape
         v = self._heads(self.value(x))
         if self.query is not None:
             q, k = self._heads(self.query(x)), self._heads(self.key(x))
         else:  # mode J: no field from the input; q and k only carry the shapes
-            q = k = v.new_empty(B, self.num_heads, L, 1)
+            q = k = v.new_zeros(B, self.num_heads, L, 1)
         attn_mask = None
         if key_padding_mask is not None:
             if key_padding_mask.shape != (B, L) or key_padding_mask.dtype != torch.bool:
@@ -264,12 +351,39 @@ class BoltzmannAttention(nn.Module):
         return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
 
 
+def _check_layer(embed_dim, num_heads, max_len, coupling, coupling_range, coupling_init_std, field_bias_init,
+                 method, method_options, causal) -> int:
+    """BoltzmannAttention's options, each named in its error. Returns the coupling range to use."""
+    _check_sizes(embed_dim=embed_dim, num_heads=num_heads, max_len=max_len, init_std=coupling_init_std)
+    if embed_dim % num_heads:
+        raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+    if coupling not in ("full", "relative"):
+        raise ValueError(f"unknown coupling {coupling!r}; choose 'full' or 'relative'")
+    if coupling_range is not None and coupling != "relative":
+        raise ValueError(f"coupling_range applies to coupling='relative' only (got coupling={coupling!r}); "
+                         "'full' couples every pair up to max_len")
+    if coupling_range is None:
+        coupling_range = max_len - 1
+    check_int("coupling_range", coupling_range, 0)  # 0: no couplings, honoured (not replaced by a default)
+    if field_bias_init is not None:
+        check_real("field_bias_init", field_bias_init)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if method_options is not None and not isinstance(method_options, dict):
+        raise ValueError(f"method_options must be a dict or None, got {type(method_options).__name__}")
+    ising.validate_options(method, method_options or {})  # unknown method or option: now, not at step 1
+    return coupling_range
+
+
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Optimiser groups: weight decay on matrices, none on biases, norms, couplings and field biases.
 
     Parameters marked ``_no_weight_decay`` (couplings, field bias) and all parameters with fewer than two
     dimensions go to the group without decay.
     """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
+    check_real("weight_decay", weight_decay, minimum=0.0)
     decay, no_decay = [], []
     for p in model.parameters():
         if not p.requires_grad:

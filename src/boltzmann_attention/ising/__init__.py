@@ -37,15 +37,17 @@ raises an error naming its limit and the alternatives.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from torch import Tensor
 
 from . import annealing, banded, exact, mcmc, meanfield, reference, sqa
-from ._inputs import check_inputs
+from ._inputs import check_inputs, check_int, empty_result, is_empty
 from .dimod_adapter import DimodSampler
 
-__all__ = ["marginals", "log_partition", "METHODS", "SAMPLED_METHODS", "DimodSampler"]
+__all__ = ["marginals", "log_partition", "validate_options", "METHODS", "OPTIONS", "SAMPLED_METHODS",
+           "DimodSampler"]
 
 
 def _tap(fn: Callable) -> Callable:
@@ -73,6 +75,46 @@ METHODS: dict[str, tuple[Callable, Callable]] = {
 SAMPLED_METHODS = frozenset(name for name, (_, logz) in METHODS.items() if logz is mcmc.log_partition)
 
 
+def _keyword_options(fn: Callable, drop: frozenset = frozenset()) -> frozenset:
+    """The keyword-only parameters of ``fn``: the options a method takes (derived, so they cannot drift)."""
+    parameters = inspect.signature(fn).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY) - drop
+
+
+# name -> the options the method takes (its marginals and log_partition take the same ones)
+OPTIONS: dict[str, frozenset] = {
+    "exact": _keyword_options(exact.marginals),
+    "reference": frozenset(),
+    "banded": _keyword_options(banded.marginals),
+    "meanfield": _keyword_options(meanfield.marginals),
+    "tap": _keyword_options(meanfield.marginals, frozenset({"tap"})),
+    "gibbs": _keyword_options(mcmc.gibbs_marginals),  # incl. return_*, refused with their own message
+    "pt": _keyword_options(mcmc.pt_marginals),
+    "dqa": _keyword_options(annealing.dqa_marginals) | frozenset(annealing.ANNEAL_OPTIONS),
+    "sqa": _keyword_options(sqa.sqa_marginals),
+}
+_DIMOD_OPTIONS = _keyword_options(DimodSampler.marginals)
+
+
+def validate_options(method, options: dict) -> None:
+    """ValueError naming any option that ``method`` does not take, with the ones it does.
+
+    Also checks the values of exact's options (exact.py takes them as given). The other methods check
+    their option values themselves.
+    """
+    _lookup(method, 0)
+    if not isinstance(options, dict):
+        raise ValueError(f"method options must be a dict of keyword arguments, got {type(options).__name__}")
+    known = _DIMOD_OPTIONS if isinstance(method, DimodSampler) else OPTIONS[method]
+    unknown = sorted(set(options) - known, key=str)
+    if unknown:
+        name = "a DimodSampler" if isinstance(method, DimodSampler) else f"method {method!r}"
+        takes = f"known options: {sorted(known)}" if known else "it takes no options"
+        raise ValueError(f"unknown option(s) {unknown} for {name}; {takes}")
+    if method == "exact" and "max_spins" in options:
+        check_int("max_spins", options["max_spins"], 0)
+
+
 def _lookup(method, which: int) -> Callable:
     if isinstance(method, DimodSampler):  # any dimod sampler, wrapped: marginals only
         return (lambda h, J, K, mask, **options: method.marginals(h, J, K, mask, **options),
@@ -92,7 +134,10 @@ def marginals(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *, ma
     (see its module).
     """
     fn = _lookup(method, 0)
+    validate_options(method, options)
     check_inputs(h, J, K, mask)
+    if isinstance(method, str) and method == "exact" and is_empty(h, J, K, mask):
+        return empty_result(h, J, K, mask, marginals=True)  # nothing to enumerate (exact.py assumes some)
     return fn(h, J, K, mask, **options)
 
 
@@ -100,5 +145,8 @@ def log_partition(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *
                   method: str = "exact", **options) -> Tensor:
     """log Z, shaped like ``h`` without its last dimension. Arguments as in :func:`marginals`."""
     fn = _lookup(method, 1)
+    validate_options(method, options)
     check_inputs(h, J, K, mask)
+    if isinstance(method, str) and method == "exact" and is_empty(h, J, K, mask):
+        return empty_result(h, J, K, mask, marginals=False)
     return fn(h, J, K, mask, **options)

@@ -13,6 +13,11 @@ The sampler contract is one callable, a *draw*::
       spins: (N, S, n) float tensor of +-1, samples of p at beta = 1. Absent spins may hold any value:
              they are zeroed here. The draw is called without autograd and must not need it.
 
+A draw may instead return ``(spins, weights)``: spins (N, S', n) for any S' >= 1 and weights (N, S') >= 0,
+each row summing to 1 (they are normalised here), the probability of each configuration. An exact
+enumeration weighted by its Boltzmann factors is such a draw (see ``DimodSampler``); its moments are then
+exact, and the covariance estimator uses the weights (no S / (S - 1) correction).
+
 :func:`sampled_marginals` turns a draw into marginals <s_j> that autograd can differentiate, by one of
 three estimators (``gradient=``), with g = dL/dm the incoming gradient:
 
@@ -53,7 +58,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._inputs import group_queries
+from ._inputs import check_int, check_real, group_queries
 
 __all__ = ["Draw", "GRADIENTS", "sampled_marginals", "sample_moments"]
 
@@ -61,26 +66,28 @@ Draw = Callable[[Tensor, "Tensor | None", "Tensor | None", int, torch.Generator]
 GRADIENTS = ("covariance", "ste", "nudged")
 
 
-def sample_moments(spins: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def sample_moments(spins: Tensor, mask: Tensor | None = None,
+                   weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Sample means m = <s_j> (..., n) and pair correlations C = <s_j s_k> (..., n, n).
 
-    spins: (..., S, n); mask: (..., n) bool or None. Absent spins count as 0 (their rows and columns of
-    C are 0; present spins have C_jj = 1).
+    spins: (..., S, n); mask: (..., n) bool or None; weights: (..., S) summing to 1, or None (equal
+    weights). Absent spins count as 0 (their rows and columns of C are 0; present spins have C_jj = 1).
     """
     if mask is not None:
         spins = spins * mask.unsqueeze(-2).to(spins.dtype)
+    if weights is not None:
+        weighted = spins * weights.unsqueeze(-1)
+        return weighted.sum(-2), weighted.transpose(-1, -2) @ spins
     S = spins.shape[-2]
     return spins.mean(-2), spins.transpose(-1, -2) @ spins / S
 
 
 def check_options(num_samples, gradient: str, nudge: float) -> None:
     """ValueError for an unknown estimator, num_samples < 1 or nudge <= 0."""
-    if gradient not in GRADIENTS:
+    if not isinstance(gradient, str) or gradient not in GRADIENTS:
         raise ValueError(f"unknown gradient estimator {gradient!r}; choose one of {GRADIENTS}")
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
-    if not float(nudge) > 0.0 or not float(nudge) < float("inf"):
-        raise ValueError(f"nudge must be a finite number > 0, got {nudge!r}")
+    check_int("num_samples", num_samples, 1)
+    check_real("nudge", nudge, minimum=0.0, open_minimum=True)
 
 
 def resolve_generator(device, seed: int | None, generator: torch.Generator | None) -> torch.Generator:
@@ -108,16 +115,29 @@ def _draw_couplings(J: Tensor | None, Q: int) -> Tensor | None:
 
 
 def _draw(draw: Draw, h: Tensor, J: Tensor | None, mask: Tensor | None, Q: int, num_samples: int,
-          generator: torch.Generator) -> Tensor:
-    """Call the draw on flattened systems; returns masked spins (N, S, n) in h's dtype."""
+          generator: torch.Generator) -> tuple[Tensor, Tensor | None]:
+    """Call the draw on flattened systems; returns masked spins (N, S, n) in h's dtype and the
+    normalised weights (N, S), or None for equally weighted samples."""
     N, n = h.shape
     with torch.no_grad():
         spins = draw(h, _draw_couplings(J, Q), mask, num_samples, generator)
-    if not isinstance(spins, Tensor) or tuple(spins.shape) != (N, num_samples, n):
+    weights = None
+    if isinstance(spins, tuple):
+        spins, weights = spins
+        S = spins.shape[1] if isinstance(spins, Tensor) and spins.dim() == 3 else -1
+        if not isinstance(weights, Tensor) or tuple(weights.shape) != (N, S) or S < 1 \
+                or not bool((weights >= 0).all()) or not bool((weights.sum(-1) > 0).all()):
+            raise RuntimeError(f"the draw returned weights of shape {tuple(getattr(weights, 'shape', ()))}: "
+                               "expected (N, S) >= 0 with a positive sum per system, S the number of samples")
+        weights = weights.to(h.dtype)
+        weights = weights / weights.sum(-1, keepdim=True)
+    else:
+        S = num_samples
+    if not isinstance(spins, Tensor) or tuple(spins.shape) != (N, S, n):
         raise RuntimeError(f"the draw returned shape {tuple(getattr(spins, 'shape', ()))}, "
-                           f"expected (N, S, n) = {(N, num_samples, n)}")
+                           f"expected (N, S, n) = {(N, S, n)}")
     spins = spins.to(h.dtype)
-    return spins if mask is None else spins * mask[:, None, :].to(h.dtype)
+    return (spins if mask is None else spins * mask[:, None, :].to(h.dtype)), weights
 
 
 class _Plan:
@@ -139,11 +159,11 @@ class _SampledMarginals(torch.autograd.Function):
     """Sample means in forward; the chosen estimator in backward. h (N, n), J (G, n, n), spins (N, S, n)."""
 
     @staticmethod
-    def forward(ctx, h, J, spins, mask, plan: _Plan):
-        m, C = sample_moments(spins)  # spins are already masked
+    def forward(ctx, h, J, spins, weights, mask, plan: _Plan):
+        m, C = sample_moments(spins, weights=weights)  # spins are already masked
         ctx.plan = plan
         if plan.gradient == "covariance":
-            ctx.save_for_backward(spins)
+            ctx.save_for_backward(spins, weights)
         elif plan.gradient == "ste":
             ctx.save_for_backward(h, J, mask, m)
         else:
@@ -156,17 +176,21 @@ class _SampledMarginals(torch.autograd.Function):
         plan = ctx.plan
         want_h, want_J = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if not (want_h or want_J):
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         grad_h, grad_J = {"covariance": _covariance_backward, "ste": _ste_backward,
                           "nudged": _nudged_backward}[plan.gradient](ctx, grad, want_J)
-        return (grad_h if want_h else None), (grad_J if want_J else None), None, None, None
+        return (grad_h if want_h else None), (grad_J if want_J else None), None, None, None, None
 
 
 def _covariance_backward(ctx, grad, want_J):
-    (spins,) = ctx.saved_tensors
+    spins, weights = ctx.saved_tensors
     S = spins.shape[1]
     a = spins @ grad.unsqueeze(-1)  # (N, S, 1): a = g.s per sample
-    a = (a - a.mean(1, keepdim=True)) / max(S - 1, 1)  # centred, Bessel-corrected weights
+    if weights is None:
+        a = (a - a.mean(1, keepdim=True)) / max(S - 1, 1)  # centred, Bessel-corrected weights
+    else:  # a weighted (exact) distribution: Cov_w(a, s) = sum_s w (a - <a>_w) s
+        w = weights.unsqueeze(-1)
+        a = (a - (w * a).sum(1, keepdim=True)) * w
     weighted = spins * a  # (N, S, n)
     grad_h = weighted.sum(1)
     grad_J = _reduce_queries(0.5 * weighted.transpose(1, 2) @ spins, ctx.plan) if want_J else None
@@ -197,8 +221,8 @@ def _nudged_backward(ctx, grad, want_J):
     inv_eps = gmax / plan.nudge
     generator = torch.Generator(device=h.device)
     generator.set_state(plan.state)  # common random numbers with the forward phase
-    spins = _draw(plan.draw, h + eps * grad, J, mask, plan.Q, plan.num_samples, generator)
-    m2, C2 = sample_moments(spins)
+    spins, weights = _draw(plan.draw, h + eps * grad, J, mask, plan.Q, plan.num_samples, generator)
+    m2, C2 = sample_moments(spins, weights=weights)
     grad_h = (m2 - m) * inv_eps
     grad_J = _reduce_queries(0.5 * (C2 - C) * inv_eps[..., None], plan) if want_J and J is not None else None
     return grad_h, grad_J
@@ -223,10 +247,12 @@ def sampled_marginals(h: Tensor, J: Tensor | None, mask: Tensor | None, draw: Dr
     if generator is None:
         generator = new_generator(h.device)
     state = generator.get_state() if gradient == "nudged" else None
-    spins = _draw(draw, hf, g.J, mf, Q, num_samples, generator)
+    spins, weights = _draw(draw, hf, g.J, mf, Q, num_samples, generator)
     plan = _Plan(gradient, float(nudge), draw, state, G, Q, num_samples)
-    m = _SampledMarginals.apply(hf, g.J, spins, mf, plan)
+    m = _SampledMarginals.apply(hf, g.J, spins, weights, mf, plan)
     m = g.ungroup(m.reshape(G, Q, n))
     if return_samples:
+        if weights is not None:
+            raise ValueError("return_samples is not available for a weighted draw (an enumeration)")
         return m, g.ungroup(spins.reshape(G, Q, num_samples, n))
     return m

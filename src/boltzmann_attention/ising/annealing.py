@@ -114,7 +114,8 @@ def schedule_values(schedule: str | Schedule, s: np.ndarray, a_max_ghz: float | 
         a_max = A_MAX_GHZ if a_max_ghz is None else a_max_ghz
         b_max = B_MAX_GHZ if b_max_ghz is None else b_max_ghz
         for name, value in (("a_max_ghz", a_max), ("b_max_ghz", b_max)):
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
                 raise ValueError(f"{name} must be a finite energy >= 0 (GHz), got {value!r}")
         a, b = SCHEDULES[schedule](s, float(a_max), float(b_max))
     elif callable(schedule):
@@ -252,6 +253,8 @@ def _simulate_present(h: Tensor, J: Tensor | None, anneal_time_ns: float, trotte
                       energy_scale: float) -> Tensor:
     """_simulate with every spin present: float64 h (N, n), J (N or 1, n, n) or None -> (N, 2^n)."""
     N, n = h.shape
+    if N == 0:  # no system to simulate
+        return h.new_zeros(0, 1 << n, dtype=torch.float64)
     dt = float(anneal_time_ns) / trotter_steps
     s_mid = (np.arange(trotter_steps, dtype=np.float64) + 0.5) / trotter_steps
     a_ghz, b_ghz = schedule_values(schedule, s_mid, a_max_ghz, b_max_ghz)
@@ -364,15 +367,16 @@ def dqa_exact_marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Ten
     return m.to(h.dtype).reshape(*batch, h.shape[-1])
 
 
-_DEFAULTS = dict(anneal_time_ns=5.0, trotter_steps=200, schedule="linear", a_max_ghz=None, b_max_ghz=None,
-                 energy_scale=1.0)
+# the anneal's options and their defaults
+ANNEAL_OPTIONS = dict(anneal_time_ns=5.0, trotter_steps=200, schedule="linear", a_max_ghz=None, b_max_ghz=None,
+                      energy_scale=1.0)
 
 
 def _with_defaults(options: dict) -> dict:
-    unknown = set(options) - set(_DEFAULTS)
+    unknown = set(options) - set(ANNEAL_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown DQA option(s) {sorted(unknown)}; known: {sorted(_DEFAULTS)}")
-    return {**_DEFAULTS, **options}
+        raise ValueError(f"unknown DQA option(s) {sorted(unknown)}; known: {sorted(ANNEAL_OPTIONS)}")
+    return {**ANNEAL_OPTIONS, **options}
 
 
 def _check_pairwise(K: Tensor | None) -> None:

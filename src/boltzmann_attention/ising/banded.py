@@ -56,7 +56,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._inputs import group_queries
+from ._inputs import check_int, empty_result, group_queries, is_empty
 
 __all__ = ["marginals", "log_partition"]
 
@@ -74,7 +74,9 @@ def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None
     largest w accepted (2^w states); chunk_size: queries run together (default: CHUNK_ENTRIES / 2^w, so
     that a message fits in cache; the memory kept per chunk is bounded by MESSAGE_BUDGET either way).
     """
-    w = _bandwidth(h, J, K, bandwidth, max_bandwidth)
+    w = _bandwidth(h, J, K, bandwidth, max_bandwidth, chunk_size)
+    if is_empty(h, J, None, mask):
+        return empty_result(h, J, None, mask, marginals=True)
     if w == 0:
         m = torch.tanh(h).expand(_batch_shape(h, J, mask) + h.shape[-1:])
         return m if mask is None else m * mask
@@ -85,7 +87,9 @@ def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None
 def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
                   bandwidth: int | None = None, max_bandwidth: int = 16, chunk_size: int | None = None) -> Tensor:
     """log Z of the present spins, shaped like the broadcast batch shape. Options as in :func:`marginals`."""
-    w = _bandwidth(h, J, K, bandwidth, max_bandwidth)
+    w = _bandwidth(h, J, K, bandwidth, max_bandwidth, chunk_size)
+    if is_empty(h, J, None, mask):
+        return empty_result(h, J, None, mask, marginals=False)
     if w == 0:
         terms = torch.logaddexp(h, -h)  # log 2 cosh h
         terms = terms if mask is None else terms * mask
@@ -99,14 +103,18 @@ def _batch_shape(h: Tensor, J: Tensor | None, mask: Tensor | None) -> torch.Size
     return torch.broadcast_shapes(*shapes)
 
 
-def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | None, max_bandwidth: int) -> int:
-    """The bandwidth w to run with (at most n - 1), after checking J and the limits."""
+def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | None, max_bandwidth: int,
+               chunk_size: int | None) -> int:
+    """The bandwidth w to run with (at most n - 1), after checking J, the options and the limits."""
     if K is not None:
         raise ValueError("method 'banded' supports pairwise couplings only (K must be None); "
                          "use method='exact' for three-body couplings")
     n = h.shape[-1]
-    if bandwidth is not None and (not isinstance(bandwidth, int) or bandwidth < 0):
-        raise ValueError(f"bandwidth must be a non-negative int, got {bandwidth!r}")
+    if bandwidth is not None:
+        check_int("bandwidth", bandwidth, 0)
+    check_int("max_bandwidth", max_bandwidth, 0)
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size, 1)
     if bandwidth is None and J is not None and J.requires_grad and torch.is_grad_enabled():
         raise ValueError("method 'banded' needs an explicit `bandwidth` when J is trained: a bandwidth inferred "
                          "from J's current values (w = 0 for J = 0) would give every coupling beyond it no "
@@ -114,12 +122,12 @@ def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | N
                          "coupling='relative' passes its coupling_range).")
     needed = 0
     if J is not None:
-        pairs = (J.detach().reshape(-1, n, n) != 0).any(0).nonzero()
+        pairs = (J.detach() != 0).reshape(-1, n, n).any(0).nonzero() if J.numel() else J.new_zeros(0, 2)
         needed = int((pairs[:, 1] - pairs[:, 0]).abs().max()) if len(pairs) else 0
     if bandwidth is not None and needed > bandwidth:
         raise ValueError(f"J is not banded with bandwidth {bandwidth}: it couples spins {needed} apart. "
                          f"Pass bandwidth >= {needed}, or use method='exact' (n <= 24) or 'meanfield'.")
-    w = min(needed if bandwidth is None else bandwidth, n - 1)
+    w = max(0, min(needed if bandwidth is None else bandwidth, n - 1))
     if w > max_bandwidth:
         raise ValueError(f"bandwidth {w} exceeds max_bandwidth={max_bandwidth} (the chain has 2^w states); "
                          "raise max_bandwidth, or use method='exact' (n <= 24) or 'meanfield'.")
@@ -229,7 +237,7 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
         if len(members) == 0:
             continue
         last_block = (ends[members] - c) // k
-        width = chunk_size or _chunk_width(n, w, k, work, direction is not None)
+        width = _chunk_width(n, w, k, work, direction is not None) if chunk_size is None else chunk_size
         for start in range(0, len(members), width):
             idx, last = members[start:start + width], last_block[start:start + width]
             blocks = int(last[0]) + 1

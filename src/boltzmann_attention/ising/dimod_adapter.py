@@ -16,6 +16,12 @@ need a beta calibration before they can stand in for <s_j> at beta = 1. This ada
 To sample at beta = 1 with dwave-samplers' SimulatedAnnealingSampler, pass ``beta_range=[1, 1]``
 (with enough ``num_sweeps``): E_dimod = E, so its Metropolis chain targets exp(-E).
 
+Exact solvers. A sampler whose ``parameters`` do not list ``num_reads`` (``dimod.ExactSolver``) is taken
+to enumerate: it must return every state of the present spins exactly once, and the states are weighted
+by their Boltzmann factors exp(-E(s)) (E computed here, at beta = 1), which gives exact marginals and
+exact covariance gradients. A sampler that takes ``num_reads`` must return exactly that many reads;
+anything else raises ValueError.
+
 Cost: one ``sample_ising`` call per query (a Python loop; it is an adapter). A QPU call costs
 10-20 ms of access overhead each (SAMPLERS.md §4), so this is for experiments, not training.
 This module never imports dimod (it only calls the sampler and reads the sample set's ``variables``
@@ -23,6 +29,8 @@ and ``record``), so the package imports without it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -48,6 +56,9 @@ class DimodSampler:
         if isinstance(num_reads, bool) or not isinstance(num_reads, int) or num_reads < 1:
             raise ValueError(f"num_reads must be an integer >= 1, got {num_reads!r}")
         self.sampler = sampler
+        parameters = getattr(sampler, "parameters", None)
+        # dimod samplers list the keyword arguments they take; ExactSolver takes no num_reads: it enumerates
+        self.enumerates = isinstance(parameters, Mapping) and "num_reads" not in parameters
         self.num_reads = num_reads
         self.seed_from_generator = seed_from_generator
         self.sample_kwargs = sample_kwargs
@@ -76,7 +87,9 @@ class DimodSampler:
 
         One ``sample_ising(h', J', num_reads=num_samples)`` per query. The sample set must hold exactly
         the present spins as variables, SPIN values (+-1) and num_samples reads in total (counting
-        ``num_occurrences``); anything else raises ValueError.
+        ``num_occurrences``); anything else raises ValueError. For an enumerating sampler (see the module
+        docstring) it returns ``(spins, weights)`` instead: every state once, (N, 2^k, n) with k the most
+        present spins of a query, and its Boltzmann weights (N, 2^k), zero on padding rows.
         """
         if h.dim() != 2:
             raise ValueError(f"draw takes flat h (N, n), got shape {tuple(h.shape)}")
@@ -86,6 +99,8 @@ class DimodSampler:
         if J is not None and (J.dim() != 3 or J.shape[0] not in (1, h.shape[0])):
             raise ValueError(f"J must have first dimension 1 or N = {h.shape[0]}, got {tuple(J.shape)}")
         N, n = h.shape
+        if self.enumerates:
+            return self._enumerate(h, J, mask)
         # absent spins: free coin flips, overwritten below where the spin is present
         out = (2 * torch.randint(0, 2, (N, num_samples, n), generator=generator) - 1).to(h.dtype)
         for i in range(N):
@@ -100,6 +115,32 @@ class DimodSampler:
             columns, samples = _spin_samples(sampleset, list(h_dimod), num_samples)
             out[i][:, columns] = torch.as_tensor(samples, dtype=h.dtype)
         return out
+
+    def _enumerate(self, h: Tensor, J: Tensor | None, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Every state of each query from the sampler, weighted by exp(-E) with our E (see ``draw``)."""
+        N, n = h.shape
+        states, log_weights = [], []
+        for i in range(N):
+            Ji = None if J is None else J[i if J.shape[0] > 1 else 0]
+            h_dimod, J_dimod = self.problem(h[i], Ji, mask[i] if mask is not None else None)
+            if not h_dimod:  # no spin present: one empty state, weight 1
+                states.append(([], np.zeros((1, 0)))), log_weights.append(np.zeros(1))
+                continue
+            sampleset = self.sampler.sample_ising(h_dimod, J_dimod, **self.sample_kwargs)
+            columns, samples = _all_states(sampleset, list(h_dimod))
+            hv = h[i].detach().double().cpu().numpy()[columns]
+            negative_energy = samples @ hv
+            if Ji is not None:
+                Jv = Ji.detach().double().cpu().numpy()[np.ix_(columns, columns)]
+                negative_energy = negative_energy + 0.5 * np.einsum("sj,jk,sk->s", samples, Jv, samples)
+            states.append((columns, samples)), log_weights.append(negative_energy)
+        S = max((len(w) for w in log_weights), default=1)  # default: an empty batch
+        spins = h.new_zeros(N, S, n)
+        weights = torch.zeros(N, S, dtype=torch.float64)
+        for i, ((columns, samples), lw) in enumerate(zip(states, log_weights, strict=True)):
+            spins[i, :len(samples)][:, columns] = torch.as_tensor(samples, dtype=h.dtype)
+            weights[i, :len(lw)] = torch.softmax(torch.as_tensor(lw, dtype=torch.float64), 0)
+        return spins, weights.to(h.device)
 
     def marginals(self, h: Tensor, J: Tensor | None = None, K: Tensor | None = None,
                   mask: Tensor | None = None, *, gradient: str = "covariance", nudge: float = 0.1,
@@ -117,8 +158,21 @@ class DimodSampler:
                                  nudge=nudge, generator=resolve_generator(h.device, seed, generator))
 
 
-def _spin_samples(sampleset, variables: list[int], num_samples: int) -> tuple[list[int], np.ndarray]:
-    """Check a sample set against the request; return (column of each variable, samples (S, n_present))."""
+def _all_states(sampleset, variables: list[int]) -> tuple[list[int], np.ndarray]:
+    """(column of each variable, the 2^k states (2^k, k)) of an enumerating sampler's sample set, checked."""
+    columns, samples = _spin_samples(sampleset, variables, None)
+    k = len(variables)
+    if len(samples) != 2**k or len(np.unique(samples, axis=0)) != 2**k:
+        raise ValueError(f"the sampler takes no num_reads, so it is used as an exact enumeration, but it "
+                         f"returned {len(samples)} reads of {k} spins ({len(np.unique(samples, axis=0))} "
+                         f"distinct) instead of each of the 2^{k} states exactly once")
+    return columns, samples.astype(np.float64)
+
+
+def _spin_samples(sampleset, variables: list[int], num_samples: int | None) -> tuple[list[int], np.ndarray]:
+    """Check a sample set against the request; return (column of each variable, samples (S, n_present)).
+
+    num_samples None: any number of reads (the enumeration check is the caller's)."""
     got = list(sampleset.variables)
     if len(got) != len(variables) or set(got) != set(variables):
         raise ValueError(f"the sampler returned variables {sorted(got, key=repr)}, expected exactly "
@@ -132,8 +186,13 @@ def _spin_samples(sampleset, variables: list[int], num_samples: int) -> tuple[li
                          f"got vartype {getattr(sampleset, 'vartype', '?')})")
     counts = np.asarray(record.num_occurrences) if "num_occurrences" in record.dtype.names \
         else np.ones(len(samples), dtype=np.int64)
-    if (counts < 0).any() or int(counts.sum()) != num_samples:
+    if num_samples is None:
+        if (counts != 1).any():
+            raise ValueError("the sampler returned states with num_occurrences != 1, expected each state once")
+    elif (counts < 0).any() or int(counts.sum()) != num_samples:
         raise ValueError(f"the sampler returned {int(counts.sum())} reads (num_occurrences summed), "
-                         f"expected num_reads = {num_samples}")
+                         f"expected num_reads = {num_samples}: its reads cannot be used as samples. (A sampler "
+                         "that enumerates every state once, such as dimod.ExactSolver, is recognised by a "
+                         "`parameters` mapping without 'num_reads', and its states are weighted exactly.)")
     samples = np.repeat(samples, counts, axis=0)
     return got, samples

@@ -28,14 +28,13 @@ identical results on the same device. Gradients: ``gradient`` = "covariance" (de
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import Tensor
 
-from ._inputs import check_inputs, group_queries
+from ._inputs import check_inputs, check_int, check_real, group_queries
 from ._sampling import check_options, resolve_generator, sample_moments, sampled_marginals
 
 __all__ = ["gibbs", "pt", "gibbs_marginals", "pt_marginals", "gibbs_draw", "pt_draw", "geometric_betas",
@@ -58,22 +57,17 @@ class MCMCResult:
     swap_acceptance: Tensor | None = None
 
 
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
 
 def _check_schedule(warmup, sweeps_per_sample, num_chains) -> None:
-    _check_int("warmup", warmup, 0)
-    _check_int("sweeps_per_sample", sweeps_per_sample, 1)
-    _check_int("num_chains", num_chains, 1)
+    check_int("warmup", warmup, 0)
+    check_int("sweeps_per_sample", sweeps_per_sample, 1)
+    check_int("num_chains", num_chains, 1)
 
 
 def geometric_betas(num_replicas: int = 8, beta_min: float = 0.1) -> list[float]:
     """beta_r = beta_min^((R-1-r)/(R-1)), r = 0..R-1: from beta_min up to exactly 1.0."""
-    _check_int("num_replicas", num_replicas, 2)
-    if not 0.0 < float(beta_min) < 1.0:
-        raise ValueError(f"beta_min must be in (0, 1), got {beta_min!r}")
+    check_int("num_replicas", num_replicas, 2)
+    check_real("beta_min", beta_min, minimum=0.0, maximum=1.0, open_minimum=True, open_maximum=True)
     R = num_replicas
     return [float(beta_min) ** ((R - 1 - r) / (R - 1)) for r in range(R - 1)] + [1.0]
 
@@ -84,9 +78,9 @@ def _ladder(betas, num_replicas, beta_min) -> list[float]:
                                0.1 if beta_min is None else beta_min)
     if num_replicas is not None or beta_min is not None:
         raise ValueError("give either betas or num_replicas / beta_min, not both")
-    ladder = sorted(float(b) for b in betas)
-    if not ladder or not all(math.isfinite(b) and b > 0 for b in ladder):
-        raise ValueError(f"betas must be finite and > 0, got {list(betas)!r}")
+    ladder = sorted(check_real("each of betas", b, minimum=0.0, open_minimum=True) for b in betas)
+    if not ladder:
+        raise ValueError("betas must not be empty (it must contain 1.0)")
     if 1.0 not in ladder:
         raise ValueError(f"the beta ladder must contain 1.0 (samples are taken at beta = 1), got {ladder}")
     if len(set(ladder)) != len(ladder):
@@ -137,7 +131,8 @@ def _simulate(h: Tensor, J: Tensor | None, mask: Tensor | None, num_samples: int
     def sweep(index: int, record_swaps: bool) -> None:
         # heat bath: s_j = +1 iff u < sigmoid(2 beta f_j)  <=>  sum_k J_jk s_k - logit(u) / (2 beta) + h_j > 0
         u = torch.rand(N, M, n, generator=generator, device=device, dtype=dtype)
-        threshold = 0.5 * torch.logit(u) / beta_m[:, None] - h[:, None, :]
+        # logit(u), written out: torch.logit took ~20 ms per call on 2 busy cores (threads), this takes microseconds
+        threshold = 0.5 * (torch.log(u) - torch.log1p(-u)) / beta_m[:, None] - h[:, None, :]
         if J is None:  # independent spins: one vectorised update
             s.copy_(torch.copysign(up, -threshold))
         for j, row in enumerate(rows):

@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._inputs import check_inputs, group_queries
+from ._inputs import check_inputs, check_int, check_real, group_queries
 
 __all__ = ["marginals", "log_partition", "solve", "SolveInfo", "ConvergenceWarning", "ConvergenceError"]
 
@@ -100,18 +100,15 @@ class _Settings:
 def _settings(tap, damping, tol, max_iter, on_fail, K) -> _Settings:
     if not isinstance(tap, bool):
         raise ValueError(f"tap must be True or False, got {tap!r}")
-    if not 0.0 <= float(damping) < 1.0:
-        raise ValueError(f"damping must be in [0, 1), got {damping!r}")
-    if not float(tol) > 0.0:
-        raise ValueError(f"tol must be > 0, got {tol!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
-    if on_fail not in _ON_FAIL:
+    damping = check_real("damping", damping, minimum=0.0, maximum=1.0, open_maximum=True)
+    tol = check_real("tol", tol, minimum=0.0, open_minimum=True)
+    max_iter = check_int("max_iter", max_iter, 1)
+    if not isinstance(on_fail, str) or on_fail not in _ON_FAIL:
         raise ValueError(f"on_fail must be one of {_ON_FAIL}, got {on_fail!r}")
     if tap and K is not None:
         raise ValueError("tap supports pairwise couplings only (K must be None); use method 'meanfield' "
                          "for three-body couplings")
-    return _Settings(tap, float(damping), float(tol), max_iter, on_fail)
+    return _Settings(tap, damping, tol, max_iter, on_fail)
 
 
 def _report(what: str, residual: float, iterations: int, settings: _Settings, failed: str) -> None:

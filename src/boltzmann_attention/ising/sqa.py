@@ -54,16 +54,15 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from ._inputs import check_inputs
+from ._inputs import check_inputs, check_int
 from ._sampling import check_options, resolve_generator, sampled_marginals
-from .mcmc import _check_int
 
 __all__ = ["sqa_draw", "sqa_marginals"]
 
 
 def _check_schedule(sweeps, trotter_slices, gamma_start, gamma_end, beta) -> None:
-    _check_int("sweeps", sweeps, 1)
-    _check_int("trotter_slices", trotter_slices, 2)
+    check_int("sweeps", sweeps, 1)
+    check_int("trotter_slices", trotter_slices, 2)
     if trotter_slices % 2:
         raise ValueError(f"trotter_slices must be even (even and odd slices are updated in turn), "
                          f"got {trotter_slices}")
@@ -81,7 +80,7 @@ def sqa_draw(h: Tensor, J: Tensor | None, mask: Tensor | None, num_samples: int,
     h: (N, n); J: (N or 1, n, n) or None; mask: (N, n) bool or None. Sample i is slice i % P of chain
     i // P. Bind the schedule with partial.
     """
-    _check_int("num_samples", num_samples, 1)
+    check_int("num_samples", num_samples, 1)
     _check_schedule(sweeps, trotter_slices, gamma_start, gamma_end, beta)
     N, n = h.shape
     P = trotter_slices
@@ -102,7 +101,7 @@ def sqa_draw(h: Tensor, J: Tensor | None, mask: Tensor | None, num_samples: int,
         j_perp = -0.5 * math.log(math.tanh(beta * gamma / P))
         # s = +1 iff u < sigmoid(2 F)  <=>  (beta/P) sum_l J_jl s_l + J_perp (neighbours) - threshold > 0
         u = torch.rand(N, C, P, n, generator=generator, device=device, dtype=dtype)
-        threshold = 0.5 * torch.logit(u) - field
+        threshold = 0.5 * (torch.log(u) - torch.log1p(-u)) - field  # logit(u); torch.logit is slow (see mcmc)
         for j in range(n):
             for p in (0, 1):
                 other = s[:, :, 1 - p::2, j]  # the slices of the other parity, (N, C, P/2)
