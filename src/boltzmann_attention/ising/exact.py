@@ -14,19 +14,34 @@ and for each query only u[x] = exp(h_A.S_A[x]) and v[y] = exp(h_B.S_B[y]). Then
     Z = u^T K v,   <s_A> = ((u * K v) @ S_A) / Z,   <s_B> = ((v * K^T u) @ S_B) / Z.
 
 All queries of a group go through two GEMMs with inner size 2^(n/2): about 2 * 2^n MACs per query
-instead of 2 n 2^n for naive enumeration. Everything is plain torch (exp, matmul, sum), so autograd
-gives exact gradients in h, J and K.
+instead of 2 n 2^n for naive enumeration.
+
+Gradients (a custom autograd function, ``_Contract``): for an upstream gradient g on <s> and g_Z on
+log Z, the loss is linear in the state averages, so with f(s) = g.s = f_A[x] + f_B[y] and
+p(x, y) = u_x K_xy v_y / Z,
+
+    dL/dlog u_x = sum_y p(x, y) (f(x, y) - <f> + g_Z),   dL/dlog v_y likewise,
+    dL/dC_xy    = sum_queries p(x, y) (f(x, y) - <f> + g_Z),
+
+i.e. the covariances d<s_j>/dh_k = <s_j s_k> - <s_j><s_k> (and <s_j s_k s_l> terms for C, hence J and
+K), computed from the same u, K, v with four more GEMMs. log u, log v and C are linear in h, J, K, so
+autograd takes it from there.
 
 Numerics: u, v and K are each shifted by their maximum in the log domain. When the terms that matter
 are far from those maxima (|h|, |J| of order 10^2 and more, fields fighting couplings), Z underflows;
-such rows are detected (Z below sqrt(tiny) of the dtype) and recomputed in float64 log space with a
-logsumexp over all 2^n states. They are correct, just slower; typical training values never reach it.
+such rows are detected (Z below sqrt(tiny) of the dtype, or not finite) and recomputed in float64
+from h, J and K: the 2^n log-weights, shifted by their maximum and normalised (a softmax), so
+|<s>| <= 1 whatever the scale. Rows of lower-precision inputs (float32) whose energy scale
+sum |h| + sum |J| / 2 + sum |K| / 6 exceeds 2^13 (where float32 rounding of the log-weights reaches
+1e-3) go the same way. Energies beyond float64's range (|E| > 1e308) raise a ValueError. Typical
+training values never reach the fallback.
 
 Masks: queries are grouped by their mask pattern and each pattern is solved as the smaller system of
-its present spins, so absent keys cost nothing (a causal query i pays for i + 1 spins, not n). For small
-systems (patterns x 2^n <= 2^18, e.g. causal T <= 13) per-pattern calls cost more in overhead than in
-arithmetic, so all patterns go through one batched call in which absent spins are made free spins (zero
-field and couplings: <s> = 0 exactly, a factor 2 in Z that is taken out of log Z).
+its present spins. Patterns with the same number of queries per group (a causal mask: one pattern per
+query position) are bucketed by their number of present spins into a few calls, each padded to its
+largest size with free spins (zero field and couplings: <s> = 0 exactly, a factor 2 in Z that is taken
+out of log Z); the buckets minimise a cost model of per-call overhead plus 2^size work. Other masks go
+pattern by pattern.
 
 Limit: ``max_spins`` (default 24) present spins per query. The table holds 2^n entries per group
 (64 MB in float32 at n = 24) and the work per query is 2 * 2^n MACs.
@@ -38,14 +53,22 @@ import math
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._inputs import group_queries
 from .reference import configurations
 
 MAX_SPINS = 24
 _CHUNK_ELEMENTS = 2**24  # bound on (queries x half-configurations) held at once per GEMM
-_BATCHED_PATTERN_STATES = 2**18  # patterns x 2^n up to which masked patterns are solved in one batched call
+# Bucketing cost model, in units of (query x state): a call costs _CALL_OVERHEAD, and each pattern padded
+# to L spins costs (queries + _TABLE_COST) * 2^L. Measured on the 2-core CPU (one call ~ 0.3 ms fwd+bwd).
+_CALL_OVERHEAD = 2**18
+_TABLE_COST = 8
+_BUCKETED = True  # False: every mask pattern is its own call (tests compare the two paths)
+_BLOCK_ELEMENTS = 2**18  # table entries per block of the table's passes (1 MB in float32: stays in cache)
+_FLOAT32_SCALE_LIMIT = 2.0**13  # energy scale above which lower-precision rows are solved in float64
 
 
 def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
@@ -67,29 +90,38 @@ def _solve(h, J, K, mask, max_spins):
             f"method 'exact' enumerates 2^n states and is limited to n <= {max_spins} present spins per "
             f"query (got {largest}). Use method='banded' (couplings of limited range), 'meanfield' or "
             f"'tap' (approximate), or raise max_spins if you accept 2^n time and memory.")
+    shapes = [h.shape[:-1]] + [x.shape[:-d] for x, d in ((J, 2), (K, 3), (mask, 1)) if x is not None]
+    batch = torch.broadcast_shapes(*shapes)
+    if h.shape[-1] == 0 or math.prod(batch) == 0:  # nothing to enumerate: <s> is empty, log Z = log 1 = 0
+        zero = h.sum() * 0  # keeps the graph, so that backward works on empty results too
+        return h.new_zeros(*batch, h.shape[-1]) + zero, h.new_zeros(batch) + zero
     g = group_queries(h, J, K, mask)
     if g.mask is None:
         m, logz = _split(g.h, g.J, g.K)
     else:
         m, logz = _by_mask_pattern(g.h, g.J, g.K, g.mask)
-    return g.ungroup(m), g.ungroup(logz)
+    return g.ungroup(m).clamp(-1.0, 1.0), g.ungroup(logz)
 
 
 def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor):
     """Solve masked queries. h, mask: (G, Q, n); J: (G, n, n); K: (G, n, n, n).
 
-    Returns marginals (G, Q, n) and log Z (G, Q). Small systems whose patterns split every group evenly (a
-    causal mask: one pattern per query position) go through one batched call; the rest pattern by pattern.
+    Returns marginals (G, Q, n) and log Z (G, Q). Patterns that split every group evenly (a causal mask:
+    one pattern per query position) are bucketed by size; the rest go pattern by pattern.
     """
-    patterns, which = _unique_rows(mask.reshape(-1, mask.shape[-1]))
+    if J is None and K is None:  # independent spins: the closed form, absent spins removed
+        present = mask.to(h.dtype)
+        return torch.tanh(h) * present, (_log_2cosh(h) * present).sum(-1)
     G, Q, n = h.shape
+    patterns, which = _unique_rows(mask.reshape(-1, n))
     P = len(patterns)
-    if P * 2**n <= _BATCHED_PATTERN_STATES and Q % P == 0:
-        order = torch.argsort(which.view(G, Q), dim=1, stable=True)
+    which = which.view(G, Q)
+    if _BUCKETED and Q % P == 0:
+        order = torch.argsort(which, dim=1, stable=True)
         expected = torch.arange(P, device=h.device).repeat_interleave(Q // P)
-        if bool((which.view(G, Q).gather(1, order) == expected).all()):
-            return _patterns_batched(h, J, K, patterns, order)
-    return _patterns_one_by_one(h, J, K, patterns, which)
+        if bool((which.gather(1, order) == expected).all()):
+            return _patterns_bucketed(h, J, K, patterns, order)
+    return _patterns_one_by_one(h, J, K, patterns, which.reshape(-1))
 
 
 def _unique_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -103,29 +135,74 @@ def _unique_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
     return (codes[:, None] >> bits) & 1 == 1, which
 
 
-def _patterns_batched(h, J, K, patterns, order):
-    """All patterns at once as full-size systems in which absent spins are free (zero field, no couplings).
+def _buckets(sizes: list[int], queries: int) -> list[tuple[int, int]]:
+    """Split ascending pattern sizes into contiguous buckets [start, end) minimising the cost model.
 
-    A free spin has <s> = 0 and multiplies Z by 2, which is removed from log Z. ``order`` (G, Q) sorts
-    each group's queries by pattern, Q / P queries per pattern. Costs 2^n per query whatever the mask,
-    which is what small n wants: one call instead of P calls.
+    A bucket is padded to its largest size L and costs _CALL_OVERHEAD + count * (queries + _TABLE_COST) * 2^L.
+    Dynamic programme over the distinct sizes (at most n + 1 of them).
+    """
+    distinct = sorted(set(sizes))
+    ends = [max(i for i, s in enumerate(sizes) if s == d) + 1 for d in distinct]  # end index of each size
+    best = [0.0] + [math.inf] * len(distinct)
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        for i in range(j):
+            start = ends[i - 1] if i else 0
+            cost = best[i] + _CALL_OVERHEAD + (ends[j - 1] - start) * (queries + _TABLE_COST) * 2.0 ** distinct[j - 1]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    out, j = [], len(distinct)
+    while j:
+        i = cut[j]
+        out.append((ends[i - 1] if i else 0, ends[j - 1]))
+        j = i
+    return out[::-1]
+
+
+def _patterns_bucketed(h, J, K, patterns, order):
+    """Patterns bucketed by size; in a bucket padded to L spins, each pattern's present spins come first
+    (in their order) and the rest are free spins (zero field and couplings), whose factor 2 in Z is taken
+    out of log Z. ``order`` (G, Q) sorts each group's queries by pattern, q = Q / P queries per pattern.
     """
     G, Q, n = h.shape
     P = len(patterns)
-    present = patterns.to(h.dtype)  # (P, n)
-    sorted_h = h.gather(1, order[..., None].expand(G, Q, n)).view(G, P, Q // P, n) * present[:, None]
-    sub_J = sub_K = None
-    if J is not None:
-        sub_J = (J[:, None] * present[:, :, None] * present[:, None, :]).reshape(G * P, n, n)
-    if K is not None:
-        sub_K = (K[:, None] * present[:, :, None, None] * present[:, None, :, None]
-                 * present[:, None, None, :]).reshape(G * P, n, n, n)
-    m, logz = _split(sorted_h.reshape(G * P, Q // P, n), sub_J, sub_K)
-    m = m.view(G, P, Q // P, n) * present[:, None]
-    logz = logz.view(G, P, Q // P) - (n - present.sum(-1))[:, None] * math.log(2.0)
-    unsort = torch.argsort(order, dim=1)
-    m = m.reshape(G, Q, n).gather(1, unsort[..., None].expand(G, Q, n))
-    return m, logz.reshape(G, Q).gather(1, unsort)
+    q = Q // P
+    device = h.device
+    sizes = patterns.sum(-1)
+    size_list = sizes.tolist()
+    by_size = sorted(range(P), key=size_list.__getitem__)
+    first = size_list.count(0)  # by_size[:first]: patterns without any present spin
+    # present spins first (ascending), then the absent ones, replaced by the padding index n
+    spins = torch.argsort((~patterns).to(torch.int8), dim=1, stable=True)
+    spins = torch.where(torch.arange(n, device=device) < sizes[:, None], spins, n)
+    order = order.view(G, P, q)
+    h_ext = F.pad(h, (0, 1))
+    J_ext = F.pad(J, (0, 1, 0, 1)) if J is not None else None
+    K_ext = F.pad(K, (0, 1, 0, 1, 0, 1)) if K is not None else None
+    groups = torch.arange(G, device=device)
+    ms, logzs, rows = [], [], []
+    if first:  # patterns without any present spin: <s> = 0, log Z = 0
+        rows.append(order[:, torch.tensor(by_size[:first], device=device)])
+        ms.append(h.new_zeros(G, first, q, n))
+        logzs.append(h.new_zeros(G, first, q))
+    for start, end in _buckets([size_list[p] for p in by_size[first:]], G * q):
+        chosen = torch.tensor(by_size[first + start:first + end], device=device)
+        nb, L = len(chosen), size_list[by_size[first + end - 1]]
+        idx = spins[chosen, :L]  # (nb, L)
+        sel = order[:, chosen]   # (G, nb, q)
+        sub_h = h_ext[groups[:, None, None, None], sel[..., None], idx[None, :, None, :]]  # (G, nb, q, L)
+        sub_J = J_ext[:, idx[:, :, None], idx[:, None, :]].reshape(G * nb, L, L) if J is not None else None
+        sub_K = (K_ext[:, idx[:, :, None, None], idx[:, None, :, None], idx[:, None, None, :]]
+                 .reshape(G * nb, L, L, L) if K is not None else None)
+        m, logz = _split(sub_h.reshape(G * nb, q, L), sub_J, sub_K)
+        free = (L - sizes[chosen]).to(h.dtype) * math.log(2.0)
+        logzs.append(logz.view(G, nb, q) - free[None, :, None])
+        full = h.new_zeros(G, nb, q, n + 1).scatter(3, idx[None, :, None, :].expand(G, nb, q, L), m.view(G, nb, q, L))
+        ms.append(full[..., :n])
+        rows.append(sel)
+    unsort = torch.argsort(torch.cat(rows, 1).reshape(G, Q), dim=1)
+    m = torch.cat(ms, 1).reshape(G, Q, n).gather(1, unsort[..., None].expand(G, Q, n))
+    return m, torch.cat(logzs, 1).reshape(G, Q).gather(1, unsort)
 
 
 def _patterns_one_by_one(h, J, K, patterns, which):
@@ -147,8 +224,8 @@ def _patterns_one_by_one(h, J, K, patterns, which):
             sub_J = J[grp][:, spins][:, :, spins] if J is not None else None
             sub_K = K[grp][:, spins][:, :, spins][:, :, :, spins] if K is not None else None
             m, logz = _split(sub_h, sub_J, sub_K)
-            out_m[r[:, None], spins] = m.reshape(-1, len(spins))
-            out_logz[r] = logz.reshape(-1)
+            out_m = out_m.index_put((r[:, None], spins[None, :]), m.reshape(-1, len(spins)))
+            out_logz = out_logz.index_put((r,), logz.reshape(-1))
     return out_m.reshape(G, Q, n), out_logz.reshape(G, Q)
 
 
@@ -165,85 +242,234 @@ def _split(h: Tensor, J: Tensor | None, K: Tensor | None):
     a = n // 2
     SA = _half_configurations(a, h.dtype, h.device)      # (2^a, a)
     SB = _half_configurations(n - a, h.dtype, h.device)  # (2^b, b)
-    log_table = _coupling_log_table(J, K, a, SA, SB)  # (G, 2^a, 2^b)
+    left, right = _table_factors(J, K, a, SA, SB)  # C = left @ right^T, (G, 2^a, 2^b)
     log_u = h[..., :a] @ SA.T  # (G, Q, 2^a)
     log_v = h[..., a:] @ SB.T  # (G, Q, 2^b)
 
     chunk = max(1, _CHUNK_ELEMENTS // max(SA.shape[0], SB.shape[0]))
-    pieces = [_contract(lu, log_table, lv, SA, SB)
-              for lu, lv in zip(log_u.split(chunk, dim=1), log_v.split(chunk, dim=1))]
-    m, logz, ok = (torch.cat(x, dim=1) for x in zip(*pieces))
+    if log_u.shape[1] <= chunk:
+        m, logz, ok = _Contract.apply(log_u, log_v, left, right, SA, SB)
+    else:
+        pieces = [_Contract.apply(lu, lv, left, right, SA, SB)
+                  for lu, lv in zip(log_u.split(chunk, dim=1), log_v.split(chunk, dim=1))]
+        m, logz, ok = (torch.cat(x, dim=1) for x in zip(*pieces))
+    if h.dtype != torch.float64:  # float32 rounding of large log-weights: solve those rows in float64
+        ok = ok & (_energy_scale(h, J, K) <= _FLOAT32_SCALE_LIMIT)
     if not bool(ok.all()):
-        m, logz = _log_domain_fallback(m, logz, ok, log_u, log_table, log_v, SA, SB)
+        m, logz = _log_domain_fallback(m, logz, ok, h, J, K, a)
     return m, logz
+
+
+def _energy_scale(h: Tensor, J: Tensor | None, K: Tensor | None) -> Tensor:
+    """sum |h| + sum_{j<k} |J| + sum_{j<k<l} |K| per query, (G, Q): a bound on |-E(s)|."""
+    scale = h.detach().abs().sum(-1)
+    if J is not None:
+        scale = scale + J.detach().abs().sum((-1, -2))[:, None] / 2
+    if K is not None:
+        scale = scale + K.detach().abs().sum((-1, -2, -3))[:, None] / 6
+    return scale
 
 
 def _log_2cosh(x: Tensor) -> Tensor:
     return x.abs() + torch.log1p(torch.exp(-2 * x.abs())) + math.log(2.0)
 
 
-def _coupling_log_table(J: Tensor | None, K: Tensor | None, a: int, SA: Tensor, SB: Tensor) -> Tensor:
-    """C(x, y) = s.J.s / 2 + K(s, s, s) / 6 for s = (SA[x], SB[y]); shape (G, 2^a, 2^b)."""
-    # Pairwise: the A-A and B-B parts depend on one half only; the A-B part is a bilinear form.
-    table = 0.0
+def _table_factors(J: Tensor | None, K: Tensor | None, a: int, SA: Tensor, SB: Tensor) -> tuple[Tensor, Tensor]:
+    """Factors of the coupling table C(x, y) = s.J.s / 2 + K(s, s, s) / 6 for s = (SA[x], SB[y]):
+    C = left @ right^T with left (G, 2^a, r), right (G, 2^b, r).
+
+    The A-A and B-B parts depend on one half only (a column of left against ones in right, and the
+    reverse); the A-B parts are bilinear: SA JAB SB^T, and with K also 3 KAAB(sA, sA, sB) and
+    3 KABB(sA, sB, sB) (K symmetric: sum over ordered triples = AAA + BBB + 3 AAB + 3 ABB).
+    """
+    G = (J if J is not None else K).shape[0]
+    b = SB.shape[1]
+    cross = row = col = 0.0
+    lefts, rights = [], []
     if J is not None:
         JAA, JAB, JBB = J[:, :a, :a], J[:, :a, a:], J[:, a:, a:]
-        table = (0.5 * ((SA @ JAA) * SA).sum(-1)[:, :, None]
-                 + 0.5 * ((SB @ JBB) * SB).sum(-1)[:, None, :]
-                 + SA @ JAB @ SB.T)
+        cross = SA @ JAB                                 # (G, 2^a, b), against SB
+        row = 0.5 * ((SA @ JAA) * SA).sum(-1)            # (G, 2^a)
+        col = 0.5 * ((SB @ JBB) * SB).sum(-1)            # (G, 2^b)
     if K is not None:
-        # sum_{jkl} K_jkl s_j s_k s_l over ordered triples = AAA + BBB + 3 AAB + 3 ABB (K symmetric).
-        b = K.shape[-1] - a
         PA = (SA[:, :, None] * SA[:, None, :]).reshape(SA.shape[0], a * a)  # pair products
         PB = (SB[:, :, None] * SB[:, None, :]).reshape(SB.shape[0], b * b)
-        G = K.shape[0]
-        KAAA = K[:, :a, :a, :a].reshape(G, a * a, a)
-        KBBB = K[:, a:, a:, a:].reshape(G, b * b, b)
-        KAAB = K[:, :a, :a, a:].reshape(G, a * a, b)
-        KABB = K[:, :a, a:, a:].reshape(G, a, b * b)
-        table = table + (((PA @ KAAA) * SA).sum(-1)[:, :, None] / 6
-                         + ((PB @ KBBB) * SB).sum(-1)[:, None, :] / 6
-                         + (PA @ KAAB @ SB.T) / 2
-                         + (SA @ KABB @ PB.T) / 2)
-    return table
+        cross = cross + PA @ K[:, :a, :a, a:].reshape(G, a * a, b) / 2
+        lefts.append(SA @ K[:, :a, a:, a:].reshape(G, a, b * b) / 2)    # against PB
+        rights.append(PB.expand(G, -1, -1))
+        row = row + ((PA @ K[:, :a, :a, :a].reshape(G, a * a, a)) * SA).sum(-1) / 6
+        col = col + ((PB @ K[:, a:, a:, a:].reshape(G, b * b, b)) * SB).sum(-1) / 6
+    ones_a = SA.new_ones(1, 1, 1).expand(G, SA.shape[0], 1)
+    ones_b = SB.new_ones(1, 1, 1).expand(G, SB.shape[0], 1)
+    left = torch.cat([cross.expand(G, SA.shape[0], b), *lefts, row[..., None], ones_a], dim=-1)
+    right = torch.cat([SB.expand(G, -1, -1), *rights, ones_b, col[..., None]], dim=-1)
+    return left, right
 
 
-def _contract(log_u: Tensor, log_table: Tensor, log_v: Tensor, SA: Tensor, SB: Tensor):
-    """Z = u^T K v and the marginals for a chunk of queries, each factor max-shifted.
+def _row_blocks(G: int, rows: int, cols: int) -> list[tuple]:
+    """(group, row slice) blocks of about _BLOCK_ELEMENTS covering a (G, rows, cols) table; a small table
+    is one block (slice(None), slice(None)) for all groups."""
+    if G * rows * cols <= _BLOCK_ELEMENTS:
+        return [(slice(None), slice(None))]
+    step = max(1, _BLOCK_ELEMENTS // cols)
+    return [(g, slice(r, min(r + step, rows))) for g in range(G) for r in range(0, rows, step)]
 
-    Returns marginals (G, q, n), log Z (G, q) and ok (G, q): False where Z underflowed, so that the
-    row must be recomputed (its values here are finite placeholders).
+
+def _exp_floor(dtype: torch.dtype) -> float:
+    """exp of arguments below log(tiny) is ~100x slower on CPU (the underflow path): arguments are
+    floored here, which changes weights below e * tiny relative to the largest one by at most that."""
+    return math.log(torch.finfo(dtype).tiny) + 1.0
+
+
+class _Table:
+    """K = exp(C - row max) with C = left @ right^T, (G, 2^a, 2^b), block by block.
+
+    A table of one block is kept; a larger one is rebuilt block by block each time it is read (a GEMM of
+    inner size r and an exp per entry, in cache), so no temporary of the table's size is allocated.
     """
-    shift_u = log_u.detach().amax(-1, keepdim=True)
-    shift_v = log_v.detach().amax(-1, keepdim=True)
-    shift_k = log_table.detach().amax((-1, -2), keepdim=True)
-    u = torch.exp(log_u - shift_u)
-    v = torch.exp(log_v - shift_v)
-    k = torch.exp(log_table - shift_k)
-    weight_a = u * (v @ k.transpose(-1, -2))  # u * (K v), (G, q, 2^a)
-    weight_b = v * (u @ k)                    # v * (K^T u), (G, q, 2^b)
-    z = weight_a.sum(-1)
-    ok = z > torch.finfo(z.dtype).tiny ** 0.5
-    z = torch.where(ok, z, torch.ones_like(z))
-    m = torch.cat([weight_a @ SA, weight_b @ SB], dim=-1) / z[..., None]
-    logz = torch.log(z) + shift_u.squeeze(-1) + shift_v.squeeze(-1) + shift_k.squeeze(-1)
-    return m, logz, ok
+
+    def __init__(self, left: Tensor, right: Tensor):
+        self.left, self.right = left, right
+        G, rows, cols = left.shape[0], left.shape[1], right.shape[1]
+        self.blocks = _row_blocks(G, rows, cols)
+        self.floor = _exp_floor(left.dtype)
+        self.sanitise = False  # set when the table holds inf/NaN (values beyond the dtype): read as 0
+        if len(self.blocks) == 1:
+            self.kept = left @ right.transpose(-1, -2)
+            self.row_max = self.kept.amax(-1)
+            self.kept.sub_(self.row_max[..., None]).clamp_(min=self.floor).exp_()
+        else:
+            self.kept = None
+            self.buffer = left.new_empty(self.blocks[0][1].stop - self.blocks[0][1].start, cols)
+            self.row_max = left.new_empty(G, rows)
+            for g, r in self.blocks:
+                block = self._product(g, r)
+                self.row_max[g, r] = block.amax(-1)
+
+    def _product(self, g, r) -> Tensor:
+        out = self.buffer[:r.stop - r.start]
+        return torch.matmul(self.left[g, r], self.right[g].transpose(-1, -2), out=out)
+
+    def __iter__(self):
+        """(group, row slice, K block (rows, 2^b) or (G, 2^a, 2^b))."""
+        if self.kept is not None:
+            yield slice(None), slice(None), (torch.nan_to_num(self.kept, 0.0, 0.0, 0.0) if self.sanitise
+                                             else self.kept)
+            return
+        for g, r in self.blocks:
+            block = self._product(g, r).sub_(self.row_max[g, r][:, None]).clamp_(min=self.floor).exp_()
+            yield g, r, (block.nan_to_num_(0.0, 0.0, 0.0) if self.sanitise else block)
+
+    def products(self, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """K v (G, q, 2^a) and K^T u (G, q, 2^b) for u (G, q, 2^a), v (G, q, 2^b)."""
+        if self.kept is not None:
+            k = next(iter(self))[2]
+            return v @ k.transpose(-1, -2), u @ k
+        kv = u.new_empty(u.shape)
+        ku = v.new_zeros(v.shape)
+        for g, r, block in self:  # in place: fresh large temporaries cost page faults on CPU
+            kv[g, :, r] = v[g] @ block.T
+            ku[g].addmm_(u[g, :, r], block)
+        return kv, ku
 
 
-def _log_domain_fallback(m, logz, ok, log_u, log_table, log_v, SA, SB):
-    """Recompute the rows where Z underflowed with a float64 logsumexp over all 2^n states."""
-    G, Q, _ = log_u.shape
-    bad = (~ok).nonzero()  # (R, 2): group and query index
-    states = log_table.shape[-1] * log_table.shape[-2]
+class _Contract(torch.autograd.Function):
+    """(log u (G, q, 2^a), log v (G, q, 2^b), left (G, 2^a, r), right (G, 2^b, r)) ->
+    marginals (G, q, n), log Z (G, q), ok (G, q).
+
+    The table C = left @ right^T enters as K = exp(C - row max) (``_Table``), the row maxima absorbed
+    into log u. Z = u^T K v with u and v max-shifted. ok is False where Z underflowed or is not finite:
+    those rows hold placeholders (marginals 0) and get no gradient; the caller recomputes them. The
+    backward is the covariance formula of the module docstring (first derivatives only).
+    """
+
+    @staticmethod
+    def forward(ctx, log_u, log_v, left, right, SA, SB):
+        table = _Table(left, right)
+        floor = table.floor
+        log_u = log_u + table.row_max[:, None, :]
+        u = (log_u - log_u.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
+        v = (log_v - log_v.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
+        kv, ku = table.products(u, v)
+        z = (u * kv).sum(-1)
+        ok = z > torch.finfo(z.dtype).tiny ** 0.5  # False for NaN too
+        if not bool(ok.all()):  # keep NaN / inf of bad rows (and tables) out of the results and gradients
+            table.sanitise = True
+            u = torch.where(ok[..., None], u, 0.0).nan_to_num_(0.0, 0.0, 0.0)
+            v = torch.where(ok[..., None], v, 0.0).nan_to_num_(0.0, 0.0, 0.0)
+            kv, ku = table.products(u, v)
+            z = torch.where(ok, z, 1.0)
+        r = 1.0 / z
+        pa = u * kv * r[..., None]  # marginal distribution of half A, (G, q, 2^a)
+        pb = v * ku * r[..., None]  # of half B, (G, q, 2^b)
+        m = torch.cat([pa @ SA, pb @ SB], dim=-1)
+        shifts = log_u.amax(-1) + log_v.amax(-1)
+        logz = torch.where(ok, torch.log(z) + shifts, 0.0)
+        ctx.table = table
+        ctx.save_for_backward(u, v, r, pa, pb, m, SA, SB)
+        ctx.mark_non_differentiable(ok)
+        return m, logz, ok
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_m, grad_logz, _):
+        u, v, r, pa, pb, m, SA, SB = ctx.saved_tensors
+        table = ctx.table
+        a = SA.shape[1]
+        if grad_m is None:
+            grad_m = torch.zeros_like(m)
+        if grad_logz is None:
+            grad_logz = torch.zeros_like(r)
+        f_a = grad_m[..., :a] @ SA.T  # f(s) = g.s = f_a[x] + f_b[y]
+        f_b = grad_m[..., a:] @ SB.T
+        c = (grad_logz - (grad_m * m).sum(-1))[..., None]  # g_Z - <f>
+        ur, vr = u * r[..., None], v * r[..., None]
+        k_vf, k_uf = table.products(u * f_a, v * f_b)  # K (v f_b) and K^T (u f_a)
+        grad_u = pa * (f_a + c) + ur * k_vf
+        grad_v = pb * (f_b + c) + vr * k_uf
+        grad_left = grad_right = None
+        if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
+            # dL/dC = K * (xu @ xv) summed over queries, a rank-2q product read block by block
+            left, right = table.left, table.right
+            xu = torch.cat([ur * (f_a + c), ur], dim=1).transpose(-1, -2)   # (G, 2^a, 2q)
+            xv = torch.cat([v, v * f_b], dim=1)                             # (G, 2q, 2^b)
+            grad_left, grad_right = torch.zeros_like(left), torch.zeros_like(right)
+            if table.kept is not None:
+                block = (xu @ xv).mul_(next(iter(table))[2])
+                grad_left, grad_right = block @ right, block.transpose(-1, -2) @ left
+            else:
+                work = torch.empty_like(table.buffer)
+                for g, rr, block in table:
+                    block = torch.matmul(xu[g, rr], xv[g], out=work[:rr.stop - rr.start]).mul_(block)
+                    grad_left[g, rr] = block @ right[g]
+                    grad_right[g].addmm_(block.T, left[g, rr])
+        return grad_u, grad_v, grad_left, grad_right, None, None
+
+
+def _log_domain_fallback(m, logz, ok, h, J, K, a):
+    """Recompute the rows where ok is False in float64 from h (G, Q, n), J and K: all 2^n log-weights,
+    shifted by their maximum and normalised (softmax), so |<s>| <= 1 at any scale."""
+    G, Q, n = h.shape
+    SA = _half_configurations(a, torch.float64, h.device)
+    SB = _half_configurations(n - a, torch.float64, h.device)
+    bad = (~ok).nonzero()  # (R, 2): group and query index, sorted by group
+    states = SA.shape[0] * SB.shape[0]
     new_m, new_logz = [], []
-    for rows in bad.split(max(1, _CHUNK_ELEMENTS // states)):
-        g, q = rows[:, 0], rows[:, 1]
-        t = (log_u[g, q].double()[:, :, None] + log_table[g].double() + log_v[g, q].double()[:, None, :])
-        lz = torch.logsumexp(t, dim=(1, 2))
-        p = torch.exp(t - lz[:, None, None])
-        new_m.append(torch.cat([p.sum(2) @ SA.double(), p.sum(1) @ SB.double()], dim=-1))
-        new_logz.append(lz)
+    groups, counts = torch.unique_consecutive(bad[:, 0], return_counts=True)
+    for grp, rows in zip(groups.tolist(), bad.split(counts.tolist())):
+        left, right = _table_factors(J[grp:grp + 1].double() if J is not None else None,
+                                     K[grp:grp + 1].double() if K is not None else None, a, SA, SB)
+        table = left @ right.transpose(-1, -2)  # (1, 2^a, 2^b)
+        for chunk in rows[:, 1].split(max(1, _CHUNK_ELEMENTS // states)):
+            x = h[grp, chunk].double()
+            t = ((x[:, :a] @ SA.T)[:, :, None] + table + (x[:, a:] @ SB.T)[:, None, :]).reshape(len(chunk), -1)
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError("method 'exact': the energies overflow float64 (|E| > 1.8e308) for fields and "
+                                 "couplings this large; rescale h, J and K")
+            p = torch.softmax(t, dim=-1).view(len(chunk), SA.shape[0], SB.shape[0])
+            new_m.append(torch.cat([p.sum(2) @ SA, p.sum(1) @ SB], dim=-1))
+            new_logz.append(torch.logsumexp(t, dim=-1))
     index = bad[:, 0] * Q + bad[:, 1]
-    m = m.reshape(G * Q, -1).index_put((index,), torch.cat(new_m).to(m.dtype)).reshape(m.shape)
+    m = m.reshape(G * Q, n).index_put((index,), torch.cat(new_m).to(m.dtype)).reshape(G, Q, n)
     logz = logz.reshape(G * Q).index_put((index,), torch.cat(new_logz).to(logz.dtype)).reshape(G, Q)
     return m, logz
