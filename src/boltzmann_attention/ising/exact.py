@@ -50,6 +50,7 @@ Limit: ``max_spins`` (default 24) present spins per query. The table holds 2^n e
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
@@ -64,7 +65,7 @@ MAX_SPINS = 24
 _CHUNK_ELEMENTS = 2**24  # bound on (queries x half-configurations) held at once per GEMM
 # Bucketing cost model, in units of (query x state): a call costs _CALL_OVERHEAD, and each pattern padded
 # to L spins costs (queries + _TABLE_COST) * 2^L. Measured on the 2-core CPU (one call ~ 0.3 ms fwd+bwd).
-_CALL_OVERHEAD = 2**18
+_CALL_OVERHEAD = 2**22
 _TABLE_COST = 8
 _BUCKETED = True  # False: every mask pattern is its own call (tests compare the two paths)
 _BLOCK_ELEMENTS = 2**18  # table entries per block of the table's passes (1 MB in float32: stays in cache)
@@ -120,6 +121,9 @@ def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor
         order = torch.argsort(which, dim=1, stable=True)
         expected = torch.arange(P, device=h.device).repeat_interleave(Q // P)
         if bool((which.gather(1, order) == expected).all()):
+            if K is None:
+                m, logz, ok = _Pairwise.apply(h, J, _bucket_plan(patterns, order, G))
+                return _checked(m, logz, ok, h, J, K, mask)
             return _patterns_bucketed(h, J, K, patterns, order)
     return _patterns_one_by_one(h, J, K, patterns, which.reshape(-1))
 
@@ -157,6 +161,30 @@ def _buckets(sizes: list[int], queries: int) -> list[tuple[int, int]]:
         out.append((ends[i - 1] if i else 0, ends[j - 1]))
         j = i
     return out[::-1]
+
+
+def _bucket_plan(patterns: Tensor, order: Tensor, G: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Buckets of patterns by size, for ``_Pairwise``: (sel (G, nb, q), idx (nb, L), free (nb,)).
+
+    ``order`` (G, Q) sorts each group's queries by pattern, q = Q / P per pattern. idx lists each
+    pattern's present spins first (ascending), then n (padding); free = log 2 per padded spin. Patterns
+    without a present spin are in no bucket (marginals 0, log Z 0).
+    """
+    P, n = patterns.shape
+    q = order.shape[1] // P
+    sizes = patterns.sum(-1)
+    size_list = sizes.tolist()
+    by_size = sorted(range(P), key=size_list.__getitem__)
+    first = size_list.count(0)
+    spins = torch.argsort((~patterns).to(torch.int8), dim=1, stable=True)
+    spins = torch.where(torch.arange(n, device=patterns.device) < sizes[:, None], spins, n)
+    order = order.view(G, P, q)
+    plan = []
+    for start, end in _buckets([size_list[p] for p in by_size[first:]], G * q):
+        chosen = torch.tensor(by_size[first + start:first + end], device=patterns.device)
+        L = size_list[by_size[first + end - 1]]
+        plan.append((order[:, chosen], spins[chosen, :L], (L - sizes[chosen]).to(torch.float64) * math.log(2.0)))
+    return plan
 
 
 def _patterns_bucketed(h, J, K, patterns, order):
@@ -242,21 +270,26 @@ def _split(h: Tensor, J: Tensor | None, K: Tensor | None):
     a = n // 2
     SA = _half_configurations(a, h.dtype, h.device)      # (2^a, a)
     SB = _half_configurations(n - a, h.dtype, h.device)  # (2^b, b)
-    left, right = _table_factors(J, K, a, SA, SB)  # C = left @ right^T, (G, 2^a, 2^b)
-    log_u = h[..., :a] @ SA.T  # (G, Q, 2^a)
-    log_v = h[..., a:] @ SB.T  # (G, Q, 2^b)
-
-    chunk = max(1, _CHUNK_ELEMENTS // max(SA.shape[0], SB.shape[0]))
-    if log_u.shape[1] <= chunk:
-        m, logz, ok = _Contract.apply(log_u, log_v, left, right, SA, SB)
-    else:
+    if K is None:  # pairwise: one autograd node, hand-written backward
+        m, logz, ok = _Pairwise.apply(h, J, None)
+    else:  # with three-body couplings: the table factors go through autograd
+        left, right = _table_factors(J, K, a, SA, SB)  # C = left @ right^T, (G, 2^a, 2^b)
+        log_u = h[..., :a] @ SA.T  # (G, Q, 2^a)
+        log_v = h[..., a:] @ SB.T  # (G, Q, 2^b)
+        chunk = max(1, _CHUNK_ELEMENTS // max(SA.shape[0], SB.shape[0]))
         pieces = [_Contract.apply(lu, lv, left, right, SA, SB)
                   for lu, lv in zip(log_u.split(chunk, dim=1), log_v.split(chunk, dim=1))]
-        m, logz, ok = (torch.cat(x, dim=1) for x in zip(*pieces))
+        m, logz, ok = (torch.cat(x, dim=1) for x in zip(*pieces)) if len(pieces) > 1 else pieces[0]
+    return _checked(m, logz, ok, h, J, K)
+
+
+def _checked(m, logz, ok, h, J, K, mask=None):
+    """Rows that underflowed (ok False), and float32 rows whose energy scale exceeds
+    _FLOAT32_SCALE_LIMIT, recomputed by the float64 fallback."""
     if h.dtype != torch.float64:  # float32 rounding of large log-weights: solve those rows in float64
         ok = ok & (_energy_scale(h, J, K) <= _FLOAT32_SCALE_LIMIT)
     if not bool(ok.all()):
-        m, logz = _log_domain_fallback(m, logz, ok, h, J, K, a)
+        m, logz = _log_domain_fallback(m, logz, ok, h, J, K, mask)
     return m, logz
 
 
@@ -321,6 +354,23 @@ def _exp_floor(dtype: torch.dtype) -> float:
     return math.log(torch.finfo(dtype).tiny) + 1.0
 
 
+@contextmanager
+def _no_denormals(device: torch.device):
+    """Flush denormals to zero on this CPU thread for the duration (restored after).
+
+    The weights u, K, v lie in [tiny, 1] and their products, ignored next to Z >= sqrt(tiny), often fall
+    below tiny: denormal arithmetic is ~40x slower on x86. Flushing them changes Z by < 2^n tiny.
+    """
+    if device.type != "cpu" or bool(torch.tensor(1e-30) * torch.tensor(1e-10) == 0):  # not CPU, or on already
+        yield
+        return
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
 class _Table:
     """K = exp(C - row max) with C = left @ right^T, (G, 2^a, 2^b), block by block.
 
@@ -373,103 +423,227 @@ class _Table:
         return kv, ku
 
 
-class _Contract(torch.autograd.Function):
-    """(log u (G, q, 2^a), log v (G, q, 2^b), left (G, 2^a, r), right (G, 2^b, r)) ->
-    marginals (G, q, n), log Z (G, q), ok (G, q).
+def _contract_forward(log_u, log_v, left, right, SA, SB):
+    """Z = u^T K v for log u (G, q, 2^a), log v (G, q, 2^b) and the table C = left @ right^T.
 
-    The table C = left @ right^T enters as K = exp(C - row max) (``_Table``), the row maxima absorbed
-    into log u. Z = u^T K v with u and v max-shifted. ok is False where Z underflowed or is not finite:
-    those rows hold placeholders (marginals 0) and get no gradient; the caller recomputes them. The
-    backward is the covariance formula of the module docstring (first derivatives only).
+    K = exp(C - row max) (``_Table``), the row maxima absorbed into log u; u and v max-shifted. Returns
+    marginals (G, q, n), log Z (G, q), ok (G, q) and what the backward needs. ok is False where Z
+    underflowed or is not finite: those rows hold placeholders (marginals 0) and get no gradient.
     """
+    table = _Table(left, right)
+    floor = table.floor
+    log_u = log_u + table.row_max[:, None, :]
+    u = (log_u - log_u.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
+    v = (log_v - log_v.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
+    kv, ku = table.products(u, v)
+    z = (u * kv).sum(-1)
+    ok = z > torch.finfo(z.dtype).tiny ** 0.5  # False for NaN too
+    if not bool(ok.all()):  # keep NaN / inf of bad rows (and tables) out of the results and gradients
+        table.sanitise = True
+        u = torch.where(ok[..., None], u, 0.0).nan_to_num_(0.0, 0.0, 0.0)
+        v = torch.where(ok[..., None], v, 0.0).nan_to_num_(0.0, 0.0, 0.0)
+        kv, ku = table.products(u, v)
+        z = torch.where(ok, z, 1.0)
+    r = 1.0 / z
+    pa = u * kv * r[..., None]  # marginal distribution of half A, (G, q, 2^a)
+    pb = v * ku * r[..., None]  # of half B, (G, q, 2^b)
+    m = torch.cat([pa @ SA, pb @ SB], dim=-1)
+    logz = torch.where(ok, torch.log(z) + log_u.amax(-1) + log_v.amax(-1), 0.0)
+    return m, logz, ok, (table, u, v, r, pa, pb, m, SA, SB)
+
+
+def _contract_backward(saved, grad_m, grad_logz, table_grad: bool):
+    """Gradients in log u, log v, left and right (None unless table_grad) from the covariance formula."""
+    table, u, v, r, pa, pb, m, SA, SB = saved
+    a = SA.shape[1]
+    f_a = grad_m[..., :a] @ SA.T  # f(s) = g.s = f_a[x] + f_b[y]
+    f_b = grad_m[..., a:] @ SB.T
+    c = (grad_logz - (grad_m * m).sum(-1))[..., None]  # g_Z - <f>
+    ur, vr = u * r[..., None], v * r[..., None]
+    k_vf, k_uf = table.products(u * f_a, v * f_b)  # K (v f_b) and K^T (u f_a)
+    grad_u = pa * (f_a + c) + ur * k_vf
+    grad_v = pb * (f_b + c) + vr * k_uf
+    grad_left = grad_right = None
+    if table_grad:  # dL/dC = K * (xu @ xv) summed over queries, a rank-2q product read block by block
+        left, right = table.left, table.right
+        xu = torch.cat([ur * (f_a + c), ur], dim=1).transpose(-1, -2)   # (G, 2^a, 2q)
+        xv = torch.cat([v, v * f_b], dim=1)                             # (G, 2q, 2^b)
+        if table.kept is not None:
+            block = (xu @ xv).mul_(next(iter(table))[2])
+            grad_left, grad_right = block @ right, block.transpose(-1, -2) @ left
+        else:
+            grad_left, grad_right = torch.zeros_like(left), torch.zeros_like(right)
+            work = torch.empty_like(table.buffer)
+            for g, rr, block in table:
+                block = torch.matmul(xu[g, rr], xv[g], out=work[:rr.stop - rr.start]).mul_(block)
+                grad_left[g, rr] = block @ right[g]
+                grad_right[g].addmm_(block.T, left[g, rr])
+    return grad_u, grad_v, grad_left, grad_right
+
+
+class _Contract(torch.autograd.Function):
+    """Autograd wrapper of _contract_forward / _contract_backward (first derivatives only): the generic
+    path, with the table factors (J and K) differentiated by autograd."""
 
     @staticmethod
     def forward(ctx, log_u, log_v, left, right, SA, SB):
-        table = _Table(left, right)
-        floor = table.floor
-        log_u = log_u + table.row_max[:, None, :]
-        u = (log_u - log_u.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
-        v = (log_v - log_v.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
-        kv, ku = table.products(u, v)
-        z = (u * kv).sum(-1)
-        ok = z > torch.finfo(z.dtype).tiny ** 0.5  # False for NaN too
-        if not bool(ok.all()):  # keep NaN / inf of bad rows (and tables) out of the results and gradients
-            table.sanitise = True
-            u = torch.where(ok[..., None], u, 0.0).nan_to_num_(0.0, 0.0, 0.0)
-            v = torch.where(ok[..., None], v, 0.0).nan_to_num_(0.0, 0.0, 0.0)
-            kv, ku = table.products(u, v)
-            z = torch.where(ok, z, 1.0)
-        r = 1.0 / z
-        pa = u * kv * r[..., None]  # marginal distribution of half A, (G, q, 2^a)
-        pb = v * ku * r[..., None]  # of half B, (G, q, 2^b)
-        m = torch.cat([pa @ SA, pb @ SB], dim=-1)
-        shifts = log_u.amax(-1) + log_v.amax(-1)
-        logz = torch.where(ok, torch.log(z) + shifts, 0.0)
-        ctx.table = table
-        ctx.save_for_backward(u, v, r, pa, pb, m, SA, SB)
+        with _no_denormals(log_u.device):
+            m, logz, ok, ctx.saved = _contract_forward(log_u, log_v, left, right, SA, SB)
         ctx.mark_non_differentiable(ok)
         return m, logz, ok
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_m, grad_logz, _):
-        u, v, r, pa, pb, m, SA, SB = ctx.saved_tensors
-        table = ctx.table
-        a = SA.shape[1]
-        if grad_m is None:
-            grad_m = torch.zeros_like(m)
-        if grad_logz is None:
-            grad_logz = torch.zeros_like(r)
-        f_a = grad_m[..., :a] @ SA.T  # f(s) = g.s = f_a[x] + f_b[y]
-        f_b = grad_m[..., a:] @ SB.T
-        c = (grad_logz - (grad_m * m).sum(-1))[..., None]  # g_Z - <f>
-        ur, vr = u * r[..., None], v * r[..., None]
-        k_vf, k_uf = table.products(u * f_a, v * f_b)  # K (v f_b) and K^T (u f_a)
-        grad_u = pa * (f_a + c) + ur * k_vf
-        grad_v = pb * (f_b + c) + vr * k_uf
-        grad_left = grad_right = None
-        if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
-            # dL/dC = K * (xu @ xv) summed over queries, a rank-2q product read block by block
-            left, right = table.left, table.right
-            xu = torch.cat([ur * (f_a + c), ur], dim=1).transpose(-1, -2)   # (G, 2^a, 2q)
-            xv = torch.cat([v, v * f_b], dim=1)                             # (G, 2q, 2^b)
-            grad_left, grad_right = torch.zeros_like(left), torch.zeros_like(right)
-            if table.kept is not None:
-                block = (xu @ xv).mul_(next(iter(table))[2])
-                grad_left, grad_right = block @ right, block.transpose(-1, -2) @ left
-            else:
-                work = torch.empty_like(table.buffer)
-                for g, rr, block in table:
-                    block = torch.matmul(xu[g, rr], xv[g], out=work[:rr.stop - rr.start]).mul_(block)
-                    grad_left[g, rr] = block @ right[g]
-                    grad_right[g].addmm_(block.T, left[g, rr])
+        with _no_denormals(grad_m.device):
+            grad_u, grad_v, grad_left, grad_right = _contract_backward(
+                ctx.saved, grad_m, grad_logz, ctx.needs_input_grad[2] or ctx.needs_input_grad[3])
         return grad_u, grad_v, grad_left, grad_right, None, None
 
 
-def _log_domain_fallback(m, logz, ok, h, J, K, a):
-    """Recompute the rows where ok is False in float64 from h (G, Q, n), J and K: all 2^n log-weights,
-    shifted by their maximum and normalised (softmax), so |<s>| <= 1 at any scale."""
+def _pairwise_forward(h: Tensor, J: Tensor):
+    """h (G, q, n), J (G, n, n), no autograd. Returns marginals, log Z, ok and what the backward needs."""
+    n = h.shape[-1]
+    a = n // 2
+    SA = _half_configurations(a, h.dtype, h.device)
+    SB = _half_configurations(n - a, h.dtype, h.device)
+    left, right = _table_factors(J, None, a, SA, SB)
+    log_u, log_v = h[..., :a] @ SA.T, h[..., a:] @ SB.T
+    chunk = max(1, _CHUNK_ELEMENTS // max(SA.shape[0], SB.shape[0]))
+    pieces = [_contract_forward(lu, lv, left, right, SA, SB)
+              for lu, lv in zip(log_u.split(chunk, dim=1), log_v.split(chunk, dim=1))]
+    if len(pieces) == 1:
+        m, logz, ok, saved = pieces[0]
+        return m, logz, ok, [saved]
+    m, logz, ok = (torch.cat([p[i] for p in pieces], dim=1) for i in range(3))
+    return m, logz, ok, [p[3] for p in pieces]
+
+
+def _pairwise_backward(saved: list, grad_m: Tensor, grad_logz: Tensor, J_grad: bool):
+    """Gradients in h (G, q, n) and J (G, n, n) (None unless J_grad). The table factors are
+    left = [SA JAB, row, 1], right = [SB, 1, col] with row = diag(SA JAA SA^T) / 2, col likewise, so
+    dJAB = SA^T dleft[:b], dJAA = SA^T diag(drow) SA / 2, dJBB = SB^T diag(dcol) SB / 2."""
+    SA, SB = saved[0][-2], saved[0][-1]
+    a, b = SA.shape[1], SB.shape[1]
+    grads_h, grad_left, grad_right, start = [], 0, 0, 0
+    for piece in saved:
+        q = piece[1].shape[1]
+        gu, gv, gl, gr = _contract_backward(piece, grad_m[:, start:start + q], grad_logz[:, start:start + q], J_grad)
+        grads_h.append(torch.cat([gu @ SA, gv @ SB], dim=-1))
+        if J_grad:
+            grad_left, grad_right = grad_left + gl, grad_right + gr
+        start += q
+    grad_h = grads_h[0] if len(grads_h) == 1 else torch.cat(grads_h, dim=1)
+    grad_J = None
+    if J_grad:
+        G = grad_h.shape[0]
+        grad_J = grad_h.new_zeros(G, a + b, a + b)
+        grad_J[:, :a, a:] = SA.T @ grad_left[..., :b]
+        grad_J[:, :a, :a] = 0.5 * (SA.T * grad_left[:, None, :, b]) @ SA
+        grad_J[:, a:, a:] = 0.5 * (SB.T * grad_right[:, None, :, b + 1]) @ SB
+    return grad_h, grad_J
+
+
+class _Pairwise(torch.autograd.Function):
+    """Marginals, log Z and ok of pairwise systems, (h (G, Q, n), J (G, n, n)) -> (G, Q, n), (G, Q), (G, Q),
+    in one autograd node: the table factors, the split and (with ``plan``) the mask buckets are plain
+    tensor code, differentiated by hand (first derivatives only).
+
+    plan: None (no mask) or a list of buckets (sel (G, nb, q) query indices, idx (nb, L) spin indices with
+    n for padding, free (nb,) log 2 times the padded spins); each bucket is solved as (G * nb) systems of
+    L spins in which the padded spins are free, and scattered back.
+    """
+
+    @staticmethod
+    def forward(ctx, h, J, plan):
+        with _no_denormals(h.device):
+            return _Pairwise._forward(ctx, h, J, plan)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_m, grad_logz, _):
+        with _no_denormals(grad_m.device):
+            return _Pairwise._backward(ctx, grad_m, grad_logz)
+
+    @staticmethod
+    def _forward(ctx, h, J, plan):
+        ctx.plan = plan
+        if plan is None:
+            m, logz, ok, ctx.saved = _pairwise_forward(h, J)
+            ctx.mark_non_differentiable(ok)
+            return m, logz, ok
+        G, Q, n = h.shape
+        groups = torch.arange(G, device=h.device)
+        h_ext, J_ext = F.pad(h, (0, 1)), F.pad(J, (0, 1, 0, 1))
+        m_out, logz_out = h.new_zeros(G, Q, n + 1), h.new_zeros(G, Q)
+        ok_out = torch.ones(G, Q, dtype=torch.bool, device=h.device)
+        ctx.saved = []
+        for sel, idx, free in plan:
+            nb, q, L = sel.shape[1], sel.shape[2], idx.shape[1]
+            where = (groups[:, None, None, None], sel[..., None], idx[None, :, None, :])
+            sub_J = J_ext[:, idx[:, :, None], idx[:, None, :]].reshape(G * nb, L, L)
+            m, logz, ok, saved = _pairwise_forward(h_ext[where].reshape(G * nb, q, L), sub_J)
+            m_out[where] = m.view(G, nb, q, L)  # the padding column n is dropped below
+            logz_out[groups[:, None, None], sel] = logz.view(G, nb, q) - free.to(logz.dtype)[None, :, None]
+            ok_out[groups[:, None, None], sel] = ok.view(G, nb, q)
+            ctx.saved.append(saved)
+        ctx.mark_non_differentiable(ok_out)
+        return m_out[..., :n], logz_out, ok_out
+
+    @staticmethod
+    def _backward(ctx, grad_m, grad_logz):
+        J_grad = ctx.needs_input_grad[1]
+        if ctx.plan is None:
+            grad_h, grad_J = _pairwise_backward(ctx.saved, grad_m, grad_logz, J_grad)
+            return grad_h, grad_J, None
+        G, Q, n = grad_m.shape
+        groups = torch.arange(G, device=grad_m.device)
+        gm_ext = F.pad(grad_m, (0, 1))
+        grad_h = grad_m.new_zeros(G, Q, n + 1)
+        grad_J = grad_m.new_zeros(G, n + 1, n + 1) if J_grad else None
+        for (sel, idx, _), saved in zip(ctx.plan, ctx.saved):
+            nb, q, L = sel.shape[1], sel.shape[2], idx.shape[1]
+            where = (groups[:, None, None, None], sel[..., None], idx[None, :, None, :])
+            gh, gJ = _pairwise_backward(saved, gm_ext[where].reshape(G * nb, q, L),
+                                        grad_logz[groups[:, None, None], sel].reshape(G * nb, q), J_grad)
+            grad_h[where] = gh.view(G, nb, q, L)
+            if J_grad:
+                grad_J.index_put_((groups[:, None, None, None], idx[None, :, :, None], idx[None, :, None, :]),
+                                  gJ.view(G, nb, L, L), accumulate=True)
+        return grad_h[..., :n], grad_J[:, :n, :n] if J_grad else None, None
+
+
+def _log_domain_fallback(m, logz, ok, h, J, K, mask=None):
+    """Recompute the rows where ok is False in float64 from h (G, Q, n), J, K (and mask (G, Q, n): absent
+    spins free, log 2 each taken off log Z): all 2^n log-weights, shifted by their maximum and normalised
+    (a softmax), so |<s>| <= 1 at any scale. Rows are batched by group and mask pattern."""
     G, Q, n = h.shape
+    a = n // 2
     SA = _half_configurations(a, torch.float64, h.device)
     SB = _half_configurations(n - a, torch.float64, h.device)
-    bad = (~ok).nonzero()  # (R, 2): group and query index, sorted by group
-    states = SA.shape[0] * SB.shape[0]
-    new_m, new_logz = [], []
-    groups, counts = torch.unique_consecutive(bad[:, 0], return_counts=True)
-    for grp, rows in zip(groups.tolist(), bad.split(counts.tolist())):
-        left, right = _table_factors(J[grp:grp + 1].double() if J is not None else None,
-                                     K[grp:grp + 1].double() if K is not None else None, a, SA, SB)
-        table = left @ right.transpose(-1, -2)  # (1, 2^a, 2^b)
-        for chunk in rows[:, 1].split(max(1, _CHUNK_ELEMENTS // states)):
-            x = h[grp, chunk].double()
+    bad = (~ok).nonzero()  # (R, 2): group and query index
+    keys = bad[:, :1] if mask is None else torch.cat([bad[:, :1], mask[bad[:, 0], bad[:, 1]].long()], dim=1)
+    systems, which = torch.unique(keys, dim=0, return_inverse=True)
+    index, new_m, new_logz = [], [], []
+    for k, key in enumerate(systems):
+        g, rows = int(key[0]), bad[which == k]
+        present = key[1:].double() if mask is not None else h.new_ones(n, dtype=torch.float64)
+        J_g = J[g:g + 1].double() * present[:, None] * present[None, :] if J is not None else None
+        K_g = (K[g:g + 1].double() * present[:, None, None] * present[None, :, None] * present[None, None, :]
+               if K is not None else None)
+        left, right = _table_factors(J_g, K_g, a, SA, SB) if J_g is not None or K_g is not None else (None, None)
+        table = left @ right.transpose(-1, -2) if left is not None else 0.0  # (1, 2^a, 2^b)
+        for chunk in rows[:, 1].split(max(1, _CHUNK_ELEMENTS // (SA.shape[0] * SB.shape[0]))):
+            x = h[g, chunk].double() * present
             t = ((x[:, :a] @ SA.T)[:, :, None] + table + (x[:, a:] @ SB.T)[:, None, :]).reshape(len(chunk), -1)
             if not bool(torch.isfinite(t).all()):
                 raise ValueError("method 'exact': the energies overflow float64 (|E| > 1.8e308) for fields and "
                                  "couplings this large; rescale h, J and K")
             p = torch.softmax(t, dim=-1).view(len(chunk), SA.shape[0], SB.shape[0])
-            new_m.append(torch.cat([p.sum(2) @ SA, p.sum(1) @ SB], dim=-1))
-            new_logz.append(torch.logsumexp(t, dim=-1))
-    index = bad[:, 0] * Q + bad[:, 1]
+            new_m.append(torch.cat([p.sum(2) @ SA, p.sum(1) @ SB], dim=-1) * present)
+            new_logz.append(torch.logsumexp(t, dim=-1) - (n - present.sum()) * math.log(2.0))
+            index.append(g * Q + chunk)
+    index = torch.cat(index)
     m = m.reshape(G * Q, n).index_put((index,), torch.cat(new_m).to(m.dtype)).reshape(G, Q, n)
     logz = logz.reshape(G * Q).index_put((index,), torch.cat(new_logz).to(logz.dtype)).reshape(G, Q)
     return m, logz
