@@ -80,8 +80,12 @@ def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None
 
 def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
                   max_spins: int = MAX_SPINS) -> Tensor:
-    """log Z, shape h.shape[:-1]."""
-    return _solve(h, J, K, mask, max_spins)[1]
+    """log Z, shape h.shape[:-1]. Raises ValueError where log Z is beyond the dtype's range."""
+    logz = _solve(h, J, K, mask, max_spins)[1]
+    if not bool(torch.isfinite(logz).all()):
+        raise ValueError(f"method 'exact': log Z exceeds the range of {h.dtype} for fields and couplings this "
+                         f"large (the marginals are fine); pass float64 inputs")
+    return logz
 
 
 def _solve(h, J, K, mask, max_spins):
