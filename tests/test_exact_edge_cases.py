@@ -59,7 +59,8 @@ def test_float32_near_its_maximum_is_solved_in_float64(device):
     for mask in (None, causal):
         m = ising.marginals(h, J, mask=mask)
         assert torch.isfinite(m).all() and m.abs().max() <= 1
-        torch.testing.assert_close(m.double(), reference.marginals(h.double(), J.double(), mask=mask), atol=1e-6, rtol=0)
+        truth = reference.marginals(h.double(), J.double(), mask=mask)
+        torch.testing.assert_close(m.double(), truth, atol=1e-6, rtol=0)
         with pytest.raises(ValueError, match="log Z.*float32"):  # log Z ~ 1e39 is beyond float32
             ising.log_partition(h, J, mask=mask)
         assert torch.isfinite(ising.log_partition(h.double(), J.double(), mask=mask)).all()
@@ -126,9 +127,9 @@ def test_gradcheck_pairwise_paths(masking, device):
     h = torch.randn(2, n, n, dtype=torch.float64, generator=g).to(device).requires_grad_()
     W = torch.randn(n, n, dtype=torch.float64, generator=g).to(device).requires_grad_()
     causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    lengths = torch.tensor([[3], [5]], device=device)  # right padding: keys beyond each item's length
     mask = {"none": None, "causal": causal, "random": (torch.rand(2, n, n, generator=g) > 0.4).to(device),
-            "padding+causal": causal & (torch.arange(n, device=device) < torch.tensor([[3], [5]], device=device))[:, None]
-            }[masking]
+            "padding+causal": causal & (torch.arange(n, device=device) < lengths)[:, None]}[masking]
     assert torch.autograd.gradcheck(_pairwise_function(mask), (h, W), fast_mode=True)
     if masking == "causal":  # the training path: the J gradient in full
         assert torch.autograd.gradcheck(lambda W: _pairwise_function(mask)(h[:1].detach(), W), (W,))
