@@ -162,7 +162,10 @@ def build_optimizer(model: Model, cfg: TrainConfig) -> torch.optim.Optimizer:
         groups.append({"params": couplings, "weight_decay": 0.0, "lr_multiplier": cfg.coupling_lr_multiplier})
     for g in groups:
         g["lr"] = cfg.lr * g.get("lr_multiplier", 1.0)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+    # fused AdamW: one kernel over all parameters instead of a dozen ops per tensor (the paper's model has
+    # ~20 small tensors, so the optimiser step was mostly per-op overhead); CPU and CUDA support it
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=fused or None)
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, generator, cfg: TrainConfig, step: int,
