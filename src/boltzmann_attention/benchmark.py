@@ -134,8 +134,8 @@ def _timed(fn, min_runs: int = 3, budget_s: float = 5.0) -> float:
     return statistics.median(times)
 
 
-def _measure(case: Case) -> dict:
-    torch.set_num_threads(2)
+def _measure(case: Case, threads: int = 2) -> dict:
+    torch.set_num_threads(threads)
     step, forward, flops = _step_function(case)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     seconds = _timed(step)
@@ -147,15 +147,15 @@ def _measure(case: Case) -> dict:
     return {"seconds": seconds, "peak_mb": peak, "gflops": gflops}
 
 
-def _child(case, queue):
-    queue.put(_measure(case))
+def _child(case, queue, threads):
+    queue.put(_measure(case, threads))
 
 
-def run_case(case: Case) -> Result:
-    """Measure one case in a fresh process (so peak memory is its own)."""
+def run_case(case: Case, threads: int = 2) -> Result:
+    """Measure one case in a fresh process (so peak memory is its own) with ``threads`` threads."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(case, queue))
+    proc = ctx.Process(target=_child, args=(case, queue, threads))
     proc.start()
     out = queue.get()
     proc.join()
@@ -178,9 +178,9 @@ def default_cases(quick: bool) -> list[Case]:
     return cases
 
 
-def machine_stamp() -> dict:
+def machine_stamp(threads: int = 2) -> dict:
     info = machine_info()
-    return {"cpu": info["processor"], "threads": 2, "torch": info["torch"], "python": info["python"],
+    return {"cpu": info["processor"], "threads": threads, "torch": info["torch"], "python": info["python"],
             "commit": info["commit"], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load": os.getloadavg()[0], "cores": os.cpu_count()}
 
@@ -461,6 +461,9 @@ def main(argv=None) -> None:
                         help="instead (or with --accuracy): time against n = 16..256 for the methods that scale")
     parser.add_argument("--plot", help="with --accuracy or --scaling: write their plot to this PNG")
     parser.add_argument("--no-steps", action="store_true", help="skip the training-step table")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads per measured process (1 on a machine shared with other jobs: two "
+                             "processes with 2 threads each on 2 cores spin and run ~20x slower)")
     args = parser.parse_args(argv)
     if args.plot:  # before any work: the plot is the last step of a run of minutes
         try:
@@ -468,7 +471,7 @@ def main(argv=None) -> None:
         except ImportError:
             print('--plot needs matplotlib: pip install -e ".[experiments]"', file=sys.stderr)
             sys.exit(2)
-    stamp = machine_stamp()
+    stamp = machine_stamp(args.threads)
     if args.accuracy or args.scaling:
         print(stamp_line(stamp) + "\n")
         accuracy = accuracy_rows() if args.accuracy else None
@@ -484,7 +487,7 @@ def main(argv=None) -> None:
         return
     results = []
     for case in default_cases(args.quick):
-        results.append(run_case(case))
+        results.append(run_case(case, args.threads))
         r = results[-1]
         print(f"  {case.method:9s} T={case.T:<5d} B={case.B:<3d} causal={case.causal!s:5s} "
               f"{1e3 * r.seconds:9.1f} ms {r.peak_mb:7.0f} MB", flush=True)
