@@ -611,9 +611,9 @@ class _Pairwise(torch.autograd.Function):
             gh, gJ = _pairwise_backward(saved, gm_ext[where].reshape(G * nb, q, L),
                                         grad_logz[groups[:, None, None], sel].reshape(G * nb, q), J_grad)
             grad_h[where] = gh.view(G, nb, q, L)
-            if J_grad:
-                grad_J.index_put_((groups[:, None, None, None], idx[None, :, :, None], idx[None, :, None, :]),
-                                  gJ.view(G, nb, L, L), accumulate=True)
+            if J_grad:  # sum over patterns through one-hot maps (index_put_ with accumulate sorts: slow)
+                onehot = F.one_hot(idx, n + 1).to(gJ.dtype)  # (nb, L, n + 1)
+                grad_J += torch.einsum("bli,gblm,bmj->gij", onehot, gJ.view(G, nb, L, L), onehot)
         return grad_h[..., :n], grad_J[:, :n, :n] if J_grad else None, None
 
 
