@@ -193,9 +193,9 @@ def machine_stamp(threads: int = 2) -> dict:
 
 def ratio_words(baseline_s: float, seconds: float) -> str:
     """'3.2x faster' when seconds < baseline_s, '1.4x slower' otherwise (never '0.7x faster')."""
-    if seconds <= baseline_s:
-        return f"{baseline_s / seconds:.3g}x faster"
-    return f"{seconds / baseline_s:.3g}x slower"
+    ratio = baseline_s / seconds if seconds <= baseline_s else seconds / baseline_s
+    shown = f"{ratio:.0f}" if ratio >= 100 else f"{ratio:.3g}"
+    return f"{shown}x {'faster' if seconds <= baseline_s else 'slower'}"
 
 
 def stamp_line(stamp: dict) -> str:
