@@ -16,7 +16,8 @@ and for each query only u[x] = exp(h_A.S_A[x]) and v[y] = exp(h_B.S_B[y]). Then
 All queries of a group go through two GEMMs with inner size 2^(n/2): about 2 * 2^n MACs per query
 instead of 2 n 2^n for naive enumeration.
 
-Gradients (a custom autograd function, ``_Contract``): for an upstream gradient g on <s> and g_Z on
+Gradients (hand-written: ``_Pairwise`` for h and J in one autograd node, ``_Contract`` when K is present
+and autograd differentiates the table factors): for an upstream gradient g on <s> and g_Z on
 log Z, the loss is linear in the state averages, so with f(s) = g.s = f_A[x] + f_B[y] and
 p(x, y) = u_x K_xy v_y / Z,
 
@@ -64,8 +65,8 @@ from .reference import configurations
 MAX_SPINS = 24
 _CHUNK_ELEMENTS = 2**24  # bound on (queries x half-configurations) held at once per GEMM
 # Bucketing cost model, in units of (query x state): a call costs _CALL_OVERHEAD, and each pattern padded
-# to L spins costs (queries + _TABLE_COST) * 2^L. Measured on the 2-core CPU (one call ~ 0.3 ms fwd+bwd).
-_CALL_OVERHEAD = 2**22
+# to L spins costs (queries + _TABLE_COST) * 2^L. Scanned on the 2-core CPU (1 thread): 2^21 was best at T = 12, 16.
+_CALL_OVERHEAD = 2**21
 _TABLE_COST = 8
 _BUCKETED = True  # False: every mask pattern is its own call (tests compare the two paths)
 _BLOCK_ELEMENTS = 2**18  # table entries per block of the table's passes (1 MB in float32: stays in cache)
