@@ -23,3 +23,13 @@ def symmetric_three_body(n, *batch, scale=1.0, dtype=torch.float64, generator=No
     lead = len(batch)
     return sum(upper.permute(*range(lead), *(lead + p for p in perm))
                for perm in itertools.permutations(range(3)))
+
+
+def _devices():
+    import pytest
+
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="no CUDA device"))]
+
+
+DEVICES = _devices()

@@ -694,14 +694,9 @@ _layer_cases()
 
 # exact.py is being rewritten for its numerics by another engineer (issue 12, first item); its failures
 # on the issue's huge-value example are tracked here until that lands.
-KNOWN_EXACT_FAILURES = {"exact: huge fields against huge couplings"}
-
-
 @pytest.mark.parametrize("name", sorted(BATTERY))
 def test_battery(name):
     thunk, expect = BATTERY[name]
-    if name in KNOWN_EXACT_FAILURES:
-        pytest.xfail("exact.py log-domain fallback is not renormalised (fixed in exact.py by its owner)")
     expect(thunk)
 
 

@@ -1,5 +1,7 @@
 """Split enumeration ('exact') against the float64 brute-force reference."""
 
+import itertools
+
 import pytest
 import torch
 from conftest import symmetric_couplings, symmetric_three_body
@@ -125,23 +127,35 @@ def test_size_limit_names_alternatives():
     assert (m[:, 10:] == 0).all()
 
 
+def _symmetrised(x):
+    return sum(x.permute(*range(x.dim() - 3), *(x.dim() - 3 + p for p in perm))
+               for perm in itertools.permutations(range(3)))
+
+
 @pytest.mark.parametrize("with_K", [False, True])
-def test_batched_and_per_pattern_paths_agree(monkeypatch, with_K):
-    """Causal masks go through one batched call for small n; the per-pattern path must give the same."""
+def test_bucketed_and_per_pattern_paths_agree(monkeypatch, with_K):
+    """Causal masks go through size buckets padded with free spins; every bucketing (all patterns in one
+    padded call, one call per size, the cost model's choice) and the per-pattern path must agree."""
     from boltzmann_attention.ising import exact
 
     n = 6
     g = torch.Generator().manual_seed(4)
     h = torch.randn(2, 3, n, n, dtype=torch.float64, generator=g, requires_grad=True)
-    J = symmetric_couplings(n, 3, 1, generator=g)
-    K = symmetric_three_body(n, 3, 1, scale=0.3, generator=g) if with_K else None
+    J = symmetric_couplings(n, 3, 1, generator=g).requires_grad_()
+    K = symmetric_three_body(n, 3, 1, scale=0.3, generator=g).requires_grad_() if with_K else None
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     results = []
-    for limit in (2**18, 0):
-        monkeypatch.setattr(exact, "_BATCHED_PATTERN_STATES", limit)
+    for bucketed, overhead in ((True, exact._CALL_OVERHEAD), (True, 1e30), (True, 0), (False, 0)):
+        monkeypatch.setattr(exact, "_BUCKETED", bucketed)
+        monkeypatch.setattr(exact, "_CALL_OVERHEAD", overhead)
         m = ising.marginals(h, J, K, mask=causal)
         logz = ising.log_partition(h, J, K, mask=causal)
-        results.append((m, logz, torch.autograd.grad((m**2).sum() + logz.sum(), h)[0]))
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+        inputs = (h, J) + ((K,) if with_K else ())
+        grads = torch.autograd.grad((m**2).sum() + logz.sum(), inputs)
+        # J and K are symmetric: only the gradient summed over the equal entries is path independent
+        results.append((m, logz, grads[0], grads[1] + grads[1].mT, *(grads[2:] and [_symmetrised(grads[2])])))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
     torch.testing.assert_close(results[0][0], reference.marginals(h, J, K, causal), atol=1e-12, rtol=0)
+    torch.testing.assert_close(results[0][1], reference.log_partition(h, J, K, causal), atol=1e-12, rtol=0)

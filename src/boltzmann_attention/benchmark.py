@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import resource
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -132,8 +134,8 @@ def _timed(fn, min_runs: int = 3, budget_s: float = 5.0) -> float:
     return statistics.median(times)
 
 
-def _measure(case: Case) -> dict:
-    torch.set_num_threads(2)
+def _measure(case: Case, threads: int = 2) -> dict:
+    torch.set_num_threads(threads)
     step, forward, flops = _step_function(case)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     seconds = _timed(step)
@@ -145,15 +147,15 @@ def _measure(case: Case) -> dict:
     return {"seconds": seconds, "peak_mb": peak, "gflops": gflops}
 
 
-def _child(case, queue):
-    queue.put(_measure(case))
+def _child(case, queue, threads):
+    queue.put(_measure(case, threads))
 
 
-def run_case(case: Case) -> Result:
-    """Measure one case in a fresh process (so peak memory is its own)."""
+def run_case(case: Case, threads: int = 2) -> Result:
+    """Measure one case in a fresh process (so peak memory is its own) with ``threads`` threads."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(case, queue))
+    proc = ctx.Process(target=_child, args=(case, queue, threads))
     proc.start()
     out = queue.get()
     proc.join()
@@ -176,10 +178,30 @@ def default_cases(quick: bool) -> list[Case]:
     return cases
 
 
-def machine_stamp() -> dict:
+def target_cases() -> list[Case]:
+    """Only the rows issue 13's targets need (a few minutes instead of the full table)."""
+    return [Case("exact", 16, 64), Case("naive", 16, 64), Case("sdpa", 16, 64), Case("exact", 20, 64),
+            Case("exact", 24, 8), Case("sdpa", 24, 8)]
+
+
+def machine_stamp(threads: int = 2) -> dict:
     info = machine_info()
-    return {"cpu": info["processor"], "threads": 2, "torch": info["torch"], "python": info["python"],
-            "commit": info["commit"], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return {"cpu": info["processor"], "threads": threads, "torch": info["torch"], "python": info["python"],
+            "commit": info["commit"], "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load": os.getloadavg()[0], "cores": os.cpu_count()}
+
+
+def ratio_words(baseline_s: float, seconds: float) -> str:
+    """'3.2x faster' when seconds < baseline_s, '1.4x slower' otherwise (never '0.7x faster')."""
+    ratio = baseline_s / seconds if seconds <= baseline_s else seconds / baseline_s
+    shown = f"{ratio:.0f}" if ratio >= 100 else f"{ratio:.3g}"
+    return f"{shown}x {'faster' if seconds <= baseline_s else 'slower'}"
+
+
+def stamp_line(stamp: dict) -> str:
+    return (f"Machine: {stamp['cpu']}, {stamp['threads']} threads, load average {stamp['load']:.1f} on "
+            f"{stamp['cores']} cores at the start; torch {stamp['torch']}; python {stamp['python']}; "
+            f"commit {stamp['commit']}; {stamp['date']}")
 
 
 def format_table(results: list[Result], stamp: dict) -> str:
@@ -188,15 +210,14 @@ def format_table(results: list[Result], stamp: dict) -> str:
         return next((r for r in results if r.case.method == method and r.case.T == case.T
                      and r.case.B == case.B and r.case.causal == case.causal), None)
 
-    lines = [f"Machine: {stamp['cpu']}, {stamp['threads']} threads; torch {stamp['torch']}; "
-             f"python {stamp['python']}; commit {stamp['commit']}; {stamp['date']}", "",
+    lines = [stamp_line(stamp), "",
              "| method | T | B | causal | band | fwd+bwd ms | peak MB | vs naive | vs SDPA | GFLOP/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         c = r.case
         naive, sdpa = find("naive", c), find("sdpa", c)
-        speedup = f"{naive.seconds / r.seconds:.2g}x faster" if naive and c.method == "exact" else ""
-        slowdown = f"{r.seconds / sdpa.seconds:.1f}x" if sdpa and c.method not in ("sdpa", "matmul") else ""
+        speedup = ratio_words(naive.seconds, r.seconds) if naive and c.method == "exact" else ""
+        slowdown = ratio_words(sdpa.seconds, r.seconds) if sdpa and c.method not in ("sdpa", "matmul") else ""
         gflops = f"{r.gflops:.0f}" if r.gflops else ""
         mm = find("matmul", Case("matmul", c.T, c.B))
         if c.method == "exact" and r.gflops and mm:
@@ -209,6 +230,89 @@ def format_table(results: list[Result], stamp: dict) -> str:
         lines.append(f"| {c.method} | {c.T} | {c.B} | {causal} | {band} | {ms} | {r.peak_mb:.0f} | {speedup} | "
                      f"{slowdown} | {gflops} |")
     return "\n".join(lines)
+
+
+STEP_MODES = ("softmax", "h", "h+J")
+
+
+def training_step_rows(sizes=range(4, 17), modes=STEP_MODES, batch: int = 64, rounds: int = 7,
+                       vocab: int = 65, threads: int = 1) -> list[dict]:
+    """Median wall time of one full training step (forward, loss, backward, gradient clipping, optimiser
+    from ``experiments.train.build_optimizer``) of the paper's model (1 layer, 1 head, d_model 64, d_ff 128)
+    per mode and window T, batch ``batch``, ``threads`` threads (1: the setting under which two training
+    processes share the 2 cores without OpenMP spinning). The modes are interleaved step by step
+    (``rounds`` rounds after two warm-up steps each), so their ratios are side by side on a noisy machine.
+    """
+    from .experiments.model import Model, ModelConfig, loss_fn  # lazily: the library never needs them
+    from .experiments.train import TrainConfig, build_optimizer
+
+    torch.set_num_threads(threads)
+    rows = []
+    for T in sizes:
+        steps = {}
+        for mode in modes:
+            torch.manual_seed(0)
+            model = Model(ModelConfig(vocab_size=vocab, max_len=T, mode=mode))
+            optimizer = build_optimizer(model, TrainConfig(T=T, mode=mode))
+            x, y = torch.randint(0, vocab, (batch, T)), torch.randint(0, vocab, (batch, T))
+
+            def step(model=model, optimizer=optimizer, x=x, y=y):
+                loss = loss_fn(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+            steps[mode] = step
+            step(), step()
+        times = {mode: [] for mode in modes}
+        for _ in range(rounds):
+            for mode, step in steps.items():
+                start = time.perf_counter()
+                step()
+                times[mode].append(time.perf_counter() - start)
+        rows.append({"T": T, **{mode: statistics.median(t) for mode, t in times.items()}})
+    return rows
+
+
+def training_step_table(rows: list[dict]) -> str:
+    modes = [m for m in rows[0] if m != "T"]
+    others = [m for m in modes if m != "softmax"]
+    lines = ["| T | " + " | ".join(f"{m} ms" for m in modes) + " | " + " | ".join(f"{m} vs softmax" for m in others)
+             + " |", "|---" * (1 + len(modes) + len(others)) + "|"]
+    for r in rows:
+        lines.append(f"| {r['T']} | " + " | ".join(f"{1e3 * r[m]:.2f}" for m in modes) + " | "
+                     + " | ".join(f"{r[m] / r['softmax']:.2f}x" for m in others) + " |")
+    return "\n".join(lines)
+
+
+def target_lines(results: list[Result], steps: list[dict] | None) -> list[str]:
+    """Issue 13's targets, each as a ratio of rows measured in this run: (description, measured, met)."""
+    def exact(T, B):
+        return next((r.seconds for r in results if r.case.method == "exact" and r.case.causal
+                     and r.case.T == T and r.case.B == B), None)
+
+    naive16 = next((r.seconds for r in results if r.case.method == "naive" and r.case.T == 16), None)
+    out = []
+
+    def add(text, value, ok):
+        out.append(f"- {text}: {value} -- {'met' if ok else 'MISSED'}")
+
+    t16, t20, t24 = exact(16, 64), exact(20, 64), exact(24, 8)
+    if t16 and naive16:
+        add("exact causal h+J fwd+bwd, T = 16, B = 64: >= 200x faster than naive enumeration",
+            f"{naive16 / t16:.0f}x ({1e3 * t16:.1f} ms vs {1e3 * naive16:.0f} ms)", naive16 / t16 >= 200)
+    if t16 and t20:
+        add("T = 20 within 5x of T = 16", f"{t20 / t16:.1f}x ({1e3 * t20:.1f} ms)", t20 / t16 <= 5)
+    if t24:
+        add("T = 24 (B = 8) under 0.3 s", f"{t24:.3f} s", t24 < 0.3)
+    row = next((r for r in steps or [] if r["T"] == 12), None)
+    if row and "h+J" in row:
+        add("training step, T = 12: h+J within 1.5x of softmax", f"{row['h+J'] / row['softmax']:.2f}x",
+            row["h+J"] / row["softmax"] <= 1.5)
+    if row and "h" in row:
+        add("training step, T = 12: h within 1.1x of softmax", f"{row['h'] / row['softmax']:.2f}x",
+            row["h"] / row["softmax"] <= 1.1)
+    return out
 
 
 def accuracy_rows(sizes=(12, 16), queries: int = 16, coupling_std: float = 0.3, seed: int = 0) -> list[dict]:
@@ -362,11 +466,23 @@ def main(argv=None) -> None:
     parser.add_argument("--scaling", action="store_true",
                         help="instead (or with --accuracy): time against n = 16..256 for the methods that scale")
     parser.add_argument("--plot", help="with --accuracy or --scaling: write their plot to this PNG")
+    parser.add_argument("--no-steps", action="store_true", help="skip the training-step table")
+    parser.add_argument("--targets", action="store_true",
+                        help="only the rows of issue 13's targets (exact T = 16, 20, 24, naive T = 16) and the "
+                             "training steps at T = 4, 8, 12, 16")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads per measured process (1 on a machine shared with other jobs: two "
+                             "processes with 2 threads each on 2 cores spin and run ~20x slower)")
     args = parser.parse_args(argv)
-    stamp = machine_stamp()
+    if args.plot:  # before any work: the plot is the last step of a run of minutes
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print('--plot needs matplotlib: pip install -e ".[experiments]"', file=sys.stderr)
+            sys.exit(2)
+    stamp = machine_stamp(args.threads)
     if args.accuracy or args.scaling:
-        print(f"Machine: {stamp['cpu']}, {stamp['threads']} threads; torch {stamp['torch']}; "
-              f"commit {stamp['commit']}; {stamp['date']}\n")
+        print(stamp_line(stamp) + "\n")
         accuracy = accuracy_rows() if args.accuracy else None
         scaling = scaling_rows() if args.scaling else None
         for rows, table in ((accuracy, accuracy_table), (scaling, scaling_table)):
@@ -379,16 +495,24 @@ def main(argv=None) -> None:
                 json.dump({"machine": stamp, "accuracy": accuracy, "scaling": scaling}, f, indent=1)
         return
     results = []
-    for case in default_cases(args.quick):
-        results.append(run_case(case))
+    for case in target_cases() if args.targets else default_cases(args.quick):
+        results.append(run_case(case, args.threads))
         r = results[-1]
         print(f"  {case.method:9s} T={case.T:<5d} B={case.B:<3d} causal={case.causal!s:5s} "
               f"{1e3 * r.seconds:9.1f} ms {r.peak_mb:7.0f} MB", flush=True)
+    steps = None
+    if not args.no_steps:
+        steps = training_step_rows(sizes=(4, 8, 12, 16) if args.quick or args.targets else range(4, 17))
     print()
     print(format_table(results, stamp))
+    if steps:
+        print("\nTraining step of the paper's model (batch 64, 1 thread), median wall ms, modes interleaved:\n")
+        print(training_step_table(steps))
+    print("\nTargets (issue 13), ratios of this run:\n")
+    print("\n".join(target_lines(results, steps)))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": stamp, "results": [asdict(r) for r in results]}, f, indent=1)
+            json.dump({"machine": stamp, "results": [asdict(r) for r in results], "steps": steps}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ HELP = {
     "method_options": "JSON object of options for the marginal method, e.g. '{\"bandwidth\": 4}'",
     "init": "model initialisation: torch (PyTorch's defaults) or gpt2 (nanoGPT's N(0, 0.02))",
     "beta2": "AdamW's second-moment decay",
+    "fused_optimizer": "AdamW's fused kernel (false: the per-tensor loop)",
 }
 
 

@@ -14,19 +14,35 @@ and for each query only u[x] = exp(h_A.S_A[x]) and v[y] = exp(h_B.S_B[y]). Then
     Z = u^T K v,   <s_A> = ((u * K v) @ S_A) / Z,   <s_B> = ((v * K^T u) @ S_B) / Z.
 
 All queries of a group go through two GEMMs with inner size 2^(n/2): about 2 * 2^n MACs per query
-instead of 2 n 2^n for naive enumeration. Everything is plain torch (exp, matmul, sum), so autograd
-gives exact gradients in h, J and K.
+instead of 2 n 2^n for naive enumeration.
+
+Gradients (hand-written: ``_Pairwise`` for h and J in one autograd node, ``_Contract`` when K is present
+and autograd differentiates the table factors): for an upstream gradient g on <s> and g_Z on
+log Z, the loss is linear in the state averages, so with f(s) = g.s = f_A[x] + f_B[y] and
+p(x, y) = u_x K_xy v_y / Z,
+
+    dL/dlog u_x = sum_y p(x, y) (f(x, y) - <f> + g_Z),   dL/dlog v_y likewise,
+    dL/dC_xy    = sum_queries p(x, y) (f(x, y) - <f> + g_Z),
+
+i.e. the covariances d<s_j>/dh_k = <s_j s_k> - <s_j><s_k> (and <s_j s_k s_l> terms for C, hence J and
+K), computed from the same u, K, v with four more GEMMs. log u, log v and C are linear in h, J, K, so
+autograd takes it from there.
 
 Numerics: u, v and K are each shifted by their maximum in the log domain. When the terms that matter
 are far from those maxima (|h|, |J| of order 10^2 and more, fields fighting couplings), Z underflows;
-such rows are detected (Z below sqrt(tiny) of the dtype) and recomputed in float64 log space with a
-logsumexp over all 2^n states. They are correct, just slower; typical training values never reach it.
+such rows are detected (Z below sqrt(tiny) of the dtype, or not finite) and recomputed in float64
+from h, J and K: the 2^n log-weights, shifted by their maximum and normalised (a softmax), so
+|<s>| <= 1 whatever the scale. Rows of lower-precision inputs (float32) whose energy scale
+sum |h| + sum |J| / 2 + sum |K| / 6 exceeds 2^13 (where float32 rounding of the log-weights reaches
+1e-3) go the same way. Energies beyond float64's range (|E| > 1e308) raise a ValueError. Typical
+training values never reach the fallback.
 
 Masks: queries are grouped by their mask pattern and each pattern is solved as the smaller system of
-its present spins, so absent keys cost nothing (a causal query i pays for i + 1 spins, not n). For small
-systems (patterns x 2^n <= 2^18, e.g. causal T <= 13) per-pattern calls cost more in overhead than in
-arithmetic, so all patterns go through one batched call in which absent spins are made free spins (zero
-field and couplings: <s> = 0 exactly, a factor 2 in Z that is taken out of log Z).
+its present spins. Patterns with the same number of queries per group (a causal mask: one pattern per
+query position) are bucketed by their number of present spins into a few calls, each padded to its
+largest size with free spins (zero field and couplings: <s> = 0 exactly, a factor 2 in Z that is taken
+out of log Z); the buckets minimise a cost model of per-call overhead plus 2^size work. Other masks go
+pattern by pattern.
 
 Limit: ``max_spins`` (default 24) present spins per query. The table holds 2^n entries per group
 (64 MB in float32 at n = 24) and the work per query is 2 * 2^n MACs.
@@ -35,17 +51,26 @@ Limit: ``max_spins`` (default 24) present spins per query. The table holds 2^n e
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._inputs import group_queries
 from .reference import configurations
 
 MAX_SPINS = 24
 _CHUNK_ELEMENTS = 2**24  # bound on (queries x half-configurations) held at once per GEMM
-_BATCHED_PATTERN_STATES = 2**18  # patterns x 2^n up to which masked patterns are solved in one batched call
+# Bucketing cost model, in units of (query x state): a call costs _CALL_OVERHEAD, and each pattern padded
+# to L spins costs (queries + _TABLE_COST) * 2^L. Scanned on the 2-core CPU (1 thread): 2^21 was best at T = 12, 16.
+_CALL_OVERHEAD = 2**21
+_TABLE_COST = 8
+_BUCKETED = True  # False: every mask pattern is its own call (tests compare the two paths)
+_BLOCK_ELEMENTS = 2**18  # table entries per block of the table's passes (1 MB in float32: stays in cache)
+_FLOAT32_SCALE_LIMIT = 2.0**13  # energy scale above which lower-precision rows are solved in float64
 
 
 def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
@@ -56,8 +81,12 @@ def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None
 
 def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
                   max_spins: int = MAX_SPINS) -> Tensor:
-    """log Z, shape h.shape[:-1]."""
-    return _solve(h, J, K, mask, max_spins)[1]
+    """log Z, shape h.shape[:-1]. Raises ValueError where log Z is beyond the dtype's range."""
+    logz = _solve(h, J, K, mask, max_spins)[1]
+    if not bool(torch.isfinite(logz).all()):
+        raise ValueError(f"method 'exact': log Z exceeds the range of {h.dtype} for fields and couplings this "
+                         f"large (the marginals are fine); pass float64 inputs")
+    return logz
 
 
 def _solve(h, J, K, mask, max_spins):
@@ -67,29 +96,41 @@ def _solve(h, J, K, mask, max_spins):
             f"method 'exact' enumerates 2^n states and is limited to n <= {max_spins} present spins per "
             f"query (got {largest}). Use method='banded' (couplings of limited range), 'meanfield' or "
             f"'tap' (approximate), or raise max_spins if you accept 2^n time and memory.")
+    shapes = [h.shape[:-1]] + [x.shape[:-d] for x, d in ((J, 2), (K, 3), (mask, 1)) if x is not None]
+    batch = torch.broadcast_shapes(*shapes)
+    if h.shape[-1] == 0 or math.prod(batch) == 0:  # nothing to enumerate: <s> is empty, log Z = log 1 = 0
+        zero = h.sum() * 0  # keeps the graph, so that backward works on empty results too
+        return h.new_zeros(*batch, h.shape[-1]) + zero, h.new_zeros(batch) + zero
     g = group_queries(h, J, K, mask)
     if g.mask is None:
         m, logz = _split(g.h, g.J, g.K)
     else:
         m, logz = _by_mask_pattern(g.h, g.J, g.K, g.mask)
-    return g.ungroup(m), g.ungroup(logz)
+    return g.ungroup(m).clamp(-1.0, 1.0), g.ungroup(logz)
 
 
 def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor):
     """Solve masked queries. h, mask: (G, Q, n); J: (G, n, n); K: (G, n, n, n).
 
-    Returns marginals (G, Q, n) and log Z (G, Q). Small systems whose patterns split every group evenly (a
-    causal mask: one pattern per query position) go through one batched call; the rest pattern by pattern.
+    Returns marginals (G, Q, n) and log Z (G, Q). Patterns that split every group evenly (a causal mask:
+    one pattern per query position) are bucketed by size; the rest go pattern by pattern.
     """
-    patterns, which = _unique_rows(mask.reshape(-1, mask.shape[-1]))
+    if J is None and K is None:  # independent spins: the closed form, absent spins removed
+        present = mask.to(h.dtype)
+        return torch.tanh(h) * present, (_log_2cosh(h) * present).sum(-1)
     G, Q, n = h.shape
+    patterns, which = _unique_rows(mask.reshape(-1, n))
     P = len(patterns)
-    if P * 2**n <= _BATCHED_PATTERN_STATES and Q % P == 0:
-        order = torch.argsort(which.view(G, Q), dim=1, stable=True)
+    which = which.view(G, Q)
+    if _BUCKETED and Q % P == 0:
+        order = torch.argsort(which, dim=1, stable=True)
         expected = torch.arange(P, device=h.device).repeat_interleave(Q // P)
-        if bool((which.view(G, Q).gather(1, order) == expected).all()):
-            return _patterns_batched(h, J, K, patterns, order)
-    return _patterns_one_by_one(h, J, K, patterns, which)
+        if bool((which.gather(1, order) == expected).all()):
+            if K is None:
+                m, logz, ok = _Pairwise.apply(h, J, _bucket_plan(patterns, order, G))
+                return _checked(m, logz, ok, h, J, K, mask)
+            return _patterns_bucketed(h, J, K, patterns, order)
+    return _patterns_one_by_one(h, J, K, patterns, which.reshape(-1))
 
 
 def _unique_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -103,29 +144,98 @@ def _unique_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
     return (codes[:, None] >> bits) & 1 == 1, which
 
 
-def _patterns_batched(h, J, K, patterns, order):
-    """All patterns at once as full-size systems in which absent spins are free (zero field, no couplings).
+def _buckets(sizes: list[int], queries: int) -> list[tuple[int, int]]:
+    """Split ascending pattern sizes into contiguous buckets [start, end) minimising the cost model.
 
-    A free spin has <s> = 0 and multiplies Z by 2, which is removed from log Z. ``order`` (G, Q) sorts
-    each group's queries by pattern, Q / P queries per pattern. Costs 2^n per query whatever the mask,
-    which is what small n wants: one call instead of P calls.
+    A bucket is padded to its largest size L and costs _CALL_OVERHEAD + count * (queries + _TABLE_COST) * 2^L.
+    Dynamic programme over the distinct sizes (at most n + 1 of them).
+    """
+    distinct = sorted(set(sizes))
+    ends = [max(i for i, s in enumerate(sizes) if s == d) + 1 for d in distinct]  # end index of each size
+    best = [0.0] + [math.inf] * len(distinct)
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        for i in range(j):
+            start = ends[i - 1] if i else 0
+            cost = best[i] + _CALL_OVERHEAD + (ends[j - 1] - start) * (queries + _TABLE_COST) * 2.0 ** distinct[j - 1]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    out, j = [], len(distinct)
+    while j:
+        i = cut[j]
+        out.append((ends[i - 1] if i else 0, ends[j - 1]))
+        j = i
+    return out[::-1]
+
+
+def _bucket_plan(patterns: Tensor, order: Tensor, G: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Buckets of patterns by size, for ``_Pairwise``: (sel (G, nb, q), idx (nb, L), free (nb,)).
+
+    ``order`` (G, Q) sorts each group's queries by pattern, q = Q / P per pattern. idx lists each
+    pattern's present spins first (ascending), then n (padding); free = log 2 per padded spin. Patterns
+    without a present spin are in no bucket (marginals 0, log Z 0).
+    """
+    P, n = patterns.shape
+    q = order.shape[1] // P
+    sizes = patterns.sum(-1)
+    size_list = sizes.tolist()
+    by_size = sorted(range(P), key=size_list.__getitem__)
+    first = size_list.count(0)
+    spins = torch.argsort((~patterns).to(torch.int8), dim=1, stable=True)
+    spins = torch.where(torch.arange(n, device=patterns.device) < sizes[:, None], spins, n)
+    order = order.view(G, P, q)
+    plan = []
+    for start, end in _buckets([size_list[p] for p in by_size[first:]], G * q):
+        chosen = torch.tensor(by_size[first + start:first + end], device=patterns.device)
+        L = size_list[by_size[first + end - 1]]
+        plan.append((order[:, chosen], spins[chosen, :L], (L - sizes[chosen]).to(torch.float64) * math.log(2.0)))
+    return plan
+
+
+def _patterns_bucketed(h, J, K, patterns, order):
+    """Patterns bucketed by size; in a bucket padded to L spins, each pattern's present spins come first
+    (in their order) and the rest are free spins (zero field and couplings), whose factor 2 in Z is taken
+    out of log Z. ``order`` (G, Q) sorts each group's queries by pattern, q = Q / P queries per pattern.
     """
     G, Q, n = h.shape
     P = len(patterns)
-    present = patterns.to(h.dtype)  # (P, n)
-    sorted_h = h.gather(1, order[..., None].expand(G, Q, n)).view(G, P, Q // P, n) * present[:, None]
-    sub_J = sub_K = None
-    if J is not None:
-        sub_J = (J[:, None] * present[:, :, None] * present[:, None, :]).reshape(G * P, n, n)
-    if K is not None:
-        sub_K = (K[:, None] * present[:, :, None, None] * present[:, None, :, None]
-                 * present[:, None, None, :]).reshape(G * P, n, n, n)
-    m, logz = _split(sorted_h.reshape(G * P, Q // P, n), sub_J, sub_K)
-    m = m.view(G, P, Q // P, n) * present[:, None]
-    logz = logz.view(G, P, Q // P) - (n - present.sum(-1))[:, None] * math.log(2.0)
-    unsort = torch.argsort(order, dim=1)
-    m = m.reshape(G, Q, n).gather(1, unsort[..., None].expand(G, Q, n))
-    return m, logz.reshape(G, Q).gather(1, unsort)
+    q = Q // P
+    device = h.device
+    sizes = patterns.sum(-1)
+    size_list = sizes.tolist()
+    by_size = sorted(range(P), key=size_list.__getitem__)
+    first = size_list.count(0)  # by_size[:first]: patterns without any present spin
+    # present spins first (ascending), then the absent ones, replaced by the padding index n
+    spins = torch.argsort((~patterns).to(torch.int8), dim=1, stable=True)
+    spins = torch.where(torch.arange(n, device=device) < sizes[:, None], spins, n)
+    order = order.view(G, P, q)
+    h_ext = F.pad(h, (0, 1))
+    J_ext = F.pad(J, (0, 1, 0, 1)) if J is not None else None
+    K_ext = F.pad(K, (0, 1, 0, 1, 0, 1)) if K is not None else None
+    groups = torch.arange(G, device=device)
+    ms, logzs, rows = [], [], []
+    if first:  # patterns without any present spin: <s> = 0, log Z = 0
+        rows.append(order[:, torch.tensor(by_size[:first], device=device)])
+        ms.append(h.new_zeros(G, first, q, n))
+        logzs.append(h.new_zeros(G, first, q))
+    for start, end in _buckets([size_list[p] for p in by_size[first:]], G * q):
+        chosen = torch.tensor(by_size[first + start:first + end], device=device)
+        nb, L = len(chosen), size_list[by_size[first + end - 1]]
+        idx = spins[chosen, :L]  # (nb, L)
+        sel = order[:, chosen]   # (G, nb, q)
+        sub_h = h_ext[groups[:, None, None, None], sel[..., None], idx[None, :, None, :]]  # (G, nb, q, L)
+        sub_J = J_ext[:, idx[:, :, None], idx[:, None, :]].reshape(G * nb, L, L) if J is not None else None
+        sub_K = (K_ext[:, idx[:, :, None, None], idx[:, None, :, None], idx[:, None, None, :]]
+                 .reshape(G * nb, L, L, L) if K is not None else None)
+        m, logz = _split(sub_h.reshape(G * nb, q, L), sub_J, sub_K)
+        free = (L - sizes[chosen]).to(h.dtype) * math.log(2.0)
+        logzs.append(logz.view(G, nb, q) - free[None, :, None])
+        full = h.new_zeros(G, nb, q, n + 1).scatter(3, idx[None, :, None, :].expand(G, nb, q, L), m.view(G, nb, q, L))
+        ms.append(full[..., :n])
+        rows.append(sel)
+    unsort = torch.argsort(torch.cat(rows, 1).reshape(G, Q), dim=1)
+    m = torch.cat(ms, 1).reshape(G, Q, n).gather(1, unsort[..., None].expand(G, Q, n))
+    return m, torch.cat(logzs, 1).reshape(G, Q).gather(1, unsort)
 
 
 def _patterns_one_by_one(h, J, K, patterns, which):
@@ -147,8 +257,8 @@ def _patterns_one_by_one(h, J, K, patterns, which):
             sub_J = J[grp][:, spins][:, :, spins] if J is not None else None
             sub_K = K[grp][:, spins][:, :, spins][:, :, :, spins] if K is not None else None
             m, logz = _split(sub_h, sub_J, sub_K)
-            out_m[r[:, None], spins] = m.reshape(-1, len(spins))
-            out_logz[r] = logz.reshape(-1)
+            out_m = out_m.index_put((r[:, None], spins[None, :]), m.reshape(-1, len(spins)))
+            out_logz = out_logz.index_put((r,), logz.reshape(-1))
     return out_m.reshape(G, Q, n), out_logz.reshape(G, Q)
 
 
@@ -165,85 +275,380 @@ def _split(h: Tensor, J: Tensor | None, K: Tensor | None):
     a = n // 2
     SA = _half_configurations(a, h.dtype, h.device)      # (2^a, a)
     SB = _half_configurations(n - a, h.dtype, h.device)  # (2^b, b)
-    log_table = _coupling_log_table(J, K, a, SA, SB)  # (G, 2^a, 2^b)
-    log_u = h[..., :a] @ SA.T  # (G, Q, 2^a)
-    log_v = h[..., a:] @ SB.T  # (G, Q, 2^b)
+    if K is None:  # pairwise: one autograd node, hand-written backward
+        m, logz, ok = _Pairwise.apply(h, J, None)
+    else:  # with three-body couplings: the table factors go through autograd
+        left, right = _table_factors(J, K, a, SA, SB)  # C = left @ right^T, (G, 2^a, 2^b)
+        log_u = h[..., :a] @ SA.T  # (G, Q, 2^a)
+        log_v = h[..., a:] @ SB.T  # (G, Q, 2^b)
+        chunk = max(1, _CHUNK_ELEMENTS // max(SA.shape[0], SB.shape[0]))
+        pieces = [_Contract.apply(lu, lv, left, right, SA, SB)
+                  for lu, lv in zip(log_u.split(chunk, dim=1), log_v.split(chunk, dim=1))]
+        m, logz, ok = (torch.cat(x, dim=1) for x in zip(*pieces)) if len(pieces) > 1 else pieces[0]
+    return _checked(m, logz, ok, h, J, K)
 
-    chunk = max(1, _CHUNK_ELEMENTS // max(SA.shape[0], SB.shape[0]))
-    pieces = [_contract(lu, log_table, lv, SA, SB)
-              for lu, lv in zip(log_u.split(chunk, dim=1), log_v.split(chunk, dim=1))]
-    m, logz, ok = (torch.cat(x, dim=1) for x in zip(*pieces))
+
+def _checked(m, logz, ok, h, J, K, mask=None):
+    """Rows that underflowed (ok False), and float32 rows whose energy scale exceeds
+    _FLOAT32_SCALE_LIMIT, recomputed by the float64 fallback."""
+    if h.dtype != torch.float64:  # float32 rounding of large log-weights: solve those rows in float64
+        ok = ok & (_energy_scale(h, J, K) <= _FLOAT32_SCALE_LIMIT)
     if not bool(ok.all()):
-        m, logz = _log_domain_fallback(m, logz, ok, log_u, log_table, log_v, SA, SB)
+        m, logz = _log_domain_fallback(m, logz, ok, h, J, K, mask)
     return m, logz
+
+
+def _energy_scale(h: Tensor, J: Tensor | None, K: Tensor | None) -> Tensor:
+    """sum |h| + sum_{j<k} |J| + sum_{j<k<l} |K| per query, (G, Q): a bound on |-E(s)|."""
+    scale = h.detach().abs().sum(-1)
+    if J is not None:
+        scale = scale + J.detach().abs().sum((-1, -2))[:, None] / 2
+    if K is not None:
+        scale = scale + K.detach().abs().sum((-1, -2, -3))[:, None] / 6
+    return scale
 
 
 def _log_2cosh(x: Tensor) -> Tensor:
     return x.abs() + torch.log1p(torch.exp(-2 * x.abs())) + math.log(2.0)
 
 
-def _coupling_log_table(J: Tensor | None, K: Tensor | None, a: int, SA: Tensor, SB: Tensor) -> Tensor:
-    """C(x, y) = s.J.s / 2 + K(s, s, s) / 6 for s = (SA[x], SB[y]); shape (G, 2^a, 2^b)."""
-    # Pairwise: the A-A and B-B parts depend on one half only; the A-B part is a bilinear form.
-    table = 0.0
+def _table_factors(J: Tensor | None, K: Tensor | None, a: int, SA: Tensor, SB: Tensor) -> tuple[Tensor, Tensor]:
+    """Factors of the coupling table C(x, y) = s.J.s / 2 + K(s, s, s) / 6 for s = (SA[x], SB[y]):
+    C = left @ right^T with left (G, 2^a, r), right (G, 2^b, r).
+
+    The A-A and B-B parts depend on one half only (a column of left against ones in right, and the
+    reverse); the A-B parts are bilinear: SA JAB SB^T, and with K also 3 KAAB(sA, sA, sB) and
+    3 KABB(sA, sB, sB) (K symmetric: sum over ordered triples = AAA + BBB + 3 AAB + 3 ABB).
+    """
+    G = (J if J is not None else K).shape[0]
+    b = SB.shape[1]
+    cross = row = col = 0.0
+    lefts, rights = [], []
     if J is not None:
         JAA, JAB, JBB = J[:, :a, :a], J[:, :a, a:], J[:, a:, a:]
-        table = (0.5 * ((SA @ JAA) * SA).sum(-1)[:, :, None]
-                 + 0.5 * ((SB @ JBB) * SB).sum(-1)[:, None, :]
-                 + SA @ JAB @ SB.T)
+        cross = SA @ JAB                                 # (G, 2^a, b), against SB
+        row = 0.5 * ((SA @ JAA) * SA).sum(-1)            # (G, 2^a)
+        col = 0.5 * ((SB @ JBB) * SB).sum(-1)            # (G, 2^b)
     if K is not None:
-        # sum_{jkl} K_jkl s_j s_k s_l over ordered triples = AAA + BBB + 3 AAB + 3 ABB (K symmetric).
-        b = K.shape[-1] - a
         PA = (SA[:, :, None] * SA[:, None, :]).reshape(SA.shape[0], a * a)  # pair products
         PB = (SB[:, :, None] * SB[:, None, :]).reshape(SB.shape[0], b * b)
-        G = K.shape[0]
-        KAAA = K[:, :a, :a, :a].reshape(G, a * a, a)
-        KBBB = K[:, a:, a:, a:].reshape(G, b * b, b)
-        KAAB = K[:, :a, :a, a:].reshape(G, a * a, b)
-        KABB = K[:, :a, a:, a:].reshape(G, a, b * b)
-        table = table + (((PA @ KAAA) * SA).sum(-1)[:, :, None] / 6
-                         + ((PB @ KBBB) * SB).sum(-1)[:, None, :] / 6
-                         + (PA @ KAAB @ SB.T) / 2
-                         + (SA @ KABB @ PB.T) / 2)
-    return table
+        cross = cross + PA @ K[:, :a, :a, a:].reshape(G, a * a, b) / 2
+        lefts.append(SA @ K[:, :a, a:, a:].reshape(G, a, b * b) / 2)    # against PB
+        rights.append(PB.expand(G, -1, -1))
+        row = row + ((PA @ K[:, :a, :a, :a].reshape(G, a * a, a)) * SA).sum(-1) / 6
+        col = col + ((PB @ K[:, a:, a:, a:].reshape(G, b * b, b)) * SB).sum(-1) / 6
+    ones_a = SA.new_ones(1, 1, 1).expand(G, SA.shape[0], 1)
+    ones_b = SB.new_ones(1, 1, 1).expand(G, SB.shape[0], 1)
+    left = torch.cat([cross.expand(G, SA.shape[0], b), *lefts, row[..., None], ones_a], dim=-1)
+    right = torch.cat([SB.expand(G, -1, -1), *rights, ones_b, col[..., None]], dim=-1)
+    return left, right
 
 
-def _contract(log_u: Tensor, log_table: Tensor, log_v: Tensor, SA: Tensor, SB: Tensor):
-    """Z = u^T K v and the marginals for a chunk of queries, each factor max-shifted.
+def _row_blocks(G: int, rows: int, cols: int) -> list[tuple]:
+    """(group, row slice) blocks of about _BLOCK_ELEMENTS covering a (G, rows, cols) table; a small table
+    is one block (slice(None), slice(None)) for all groups."""
+    if G * rows * cols <= _BLOCK_ELEMENTS:
+        return [(slice(None), slice(None))]
+    step = max(1, _BLOCK_ELEMENTS // cols)
+    return [(g, slice(r, min(r + step, rows))) for g in range(G) for r in range(0, rows, step)]
 
-    Returns marginals (G, q, n), log Z (G, q) and ok (G, q): False where Z underflowed, so that the
-    row must be recomputed (its values here are finite placeholders).
+
+def _exp_floor(dtype: torch.dtype) -> float:
+    """exp of arguments below log(tiny) is ~100x slower on CPU (the underflow path): arguments are
+    floored here, which changes weights below e * tiny relative to the largest one by at most that."""
+    return math.log(torch.finfo(dtype).tiny) + 1.0
+
+
+@contextmanager
+def _no_denormals(device: torch.device):
+    """Flush denormals to zero on this CPU thread for the duration (restored after).
+
+    The weights u, K, v lie in [tiny, 1] and their products, ignored next to Z >= sqrt(tiny), often fall
+    below tiny: denormal arithmetic is ~40x slower on x86. Flushing them changes Z by < 2^n tiny.
     """
-    shift_u = log_u.detach().amax(-1, keepdim=True)
-    shift_v = log_v.detach().amax(-1, keepdim=True)
-    shift_k = log_table.detach().amax((-1, -2), keepdim=True)
-    u = torch.exp(log_u - shift_u)
-    v = torch.exp(log_v - shift_v)
-    k = torch.exp(log_table - shift_k)
-    weight_a = u * (v @ k.transpose(-1, -2))  # u * (K v), (G, q, 2^a)
-    weight_b = v * (u @ k)                    # v * (K^T u), (G, q, 2^b)
-    z = weight_a.sum(-1)
-    ok = z > torch.finfo(z.dtype).tiny ** 0.5
-    z = torch.where(ok, z, torch.ones_like(z))
-    m = torch.cat([weight_a @ SA, weight_b @ SB], dim=-1) / z[..., None]
-    logz = torch.log(z) + shift_u.squeeze(-1) + shift_v.squeeze(-1) + shift_k.squeeze(-1)
-    return m, logz, ok
+    if device.type != "cpu" or bool(torch.tensor(1e-30) * torch.tensor(1e-10) == 0):  # not CPU, or on already
+        yield
+        return
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
-def _log_domain_fallback(m, logz, ok, log_u, log_table, log_v, SA, SB):
-    """Recompute the rows where Z underflowed with a float64 logsumexp over all 2^n states."""
-    G, Q, _ = log_u.shape
+class _Table:
+    """K = exp(C - row max) with C = left @ right^T, (G, 2^a, 2^b), block by block.
+
+    A table of one block is kept; a larger one is rebuilt block by block each time it is read (a GEMM of
+    inner size r and an exp per entry, in cache), so no temporary of the table's size is allocated.
+    """
+
+    def __init__(self, left: Tensor, right: Tensor):
+        self.left, self.right = left, right
+        G, rows, cols = left.shape[0], left.shape[1], right.shape[1]
+        self.blocks = _row_blocks(G, rows, cols)
+        self.floor = _exp_floor(left.dtype)
+        self.sanitise = False  # set when the table holds inf/NaN (values beyond the dtype): read as 0
+        if len(self.blocks) == 1:
+            self.kept = left @ right.transpose(-1, -2)
+            self.row_max = self.kept.amax(-1)
+            self.kept.sub_(self.row_max[..., None]).clamp_(min=self.floor).exp_()
+        else:
+            self.kept = None
+            self.buffer = left.new_empty(self.blocks[0][1].stop - self.blocks[0][1].start, cols)
+            self.row_max = left.new_empty(G, rows)
+            for g, r in self.blocks:
+                block = self._product(g, r)
+                self.row_max[g, r] = block.amax(-1)
+
+    def _product(self, g, r) -> Tensor:
+        out = self.buffer[:r.stop - r.start]
+        return torch.matmul(self.left[g, r], self.right[g].transpose(-1, -2), out=out)
+
+    def __iter__(self):
+        """(group, row slice, K block (rows, 2^b) or (G, 2^a, 2^b))."""
+        if self.kept is not None:
+            yield slice(None), slice(None), (torch.nan_to_num(self.kept, 0.0, 0.0, 0.0) if self.sanitise
+                                             else self.kept)
+            return
+        for g, r in self.blocks:
+            block = self._product(g, r).sub_(self.row_max[g, r][:, None]).clamp_(min=self.floor).exp_()
+            yield g, r, (block.nan_to_num_(0.0, 0.0, 0.0) if self.sanitise else block)
+
+    def products(self, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """K v (G, q, 2^a) and K^T u (G, q, 2^b) for u (G, q, 2^a), v (G, q, 2^b)."""
+        if self.kept is not None:
+            k = next(iter(self))[2]
+            return v @ k.transpose(-1, -2), u @ k
+        kv = u.new_empty(u.shape)
+        ku = v.new_zeros(v.shape)
+        for g, r, block in self:  # in place: fresh large temporaries cost page faults on CPU
+            kv[g, :, r] = v[g] @ block.T
+            ku[g].addmm_(u[g, :, r], block)
+        return kv, ku
+
+
+def _contract_forward(log_u, log_v, left, right, SA, SB):
+    """Z = u^T K v for log u (G, q, 2^a), log v (G, q, 2^b) and the table C = left @ right^T.
+
+    K = exp(C - row max) (``_Table``), the row maxima absorbed into log u; u and v max-shifted. Returns
+    marginals (G, q, n), log Z (G, q), ok (G, q) and what the backward needs. ok is False where Z
+    underflowed or is not finite: those rows hold placeholders (marginals 0) and get no gradient.
+    """
+    table = _Table(left, right)
+    floor = table.floor
+    log_u = log_u + table.row_max[:, None, :]
+    u = (log_u - log_u.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
+    v = (log_v - log_v.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
+    kv, ku = table.products(u, v)
+    z = (u * kv).sum(-1)
+    ok = z > torch.finfo(z.dtype).tiny ** 0.5  # False for NaN too
+    if not bool(ok.all()):  # keep NaN / inf of bad rows (and tables) out of the results and gradients
+        table.sanitise = True
+        u = torch.where(ok[..., None], u, 0.0).nan_to_num_(0.0, 0.0, 0.0)
+        v = torch.where(ok[..., None], v, 0.0).nan_to_num_(0.0, 0.0, 0.0)
+        kv, ku = table.products(u, v)
+        z = torch.where(ok, z, 1.0)
+    r = 1.0 / z
+    pa = u * kv * r[..., None]  # marginal distribution of half A, (G, q, 2^a)
+    pb = v * ku * r[..., None]  # of half B, (G, q, 2^b)
+    m = torch.cat([pa @ SA, pb @ SB], dim=-1)
+    logz = torch.where(ok, torch.log(z) + log_u.amax(-1) + log_v.amax(-1), 0.0)
+    return m, logz, ok, (table, u, v, r, pa, pb, m, SA, SB)
+
+
+def _contract_backward(saved, grad_m, grad_logz, table_grad: bool):
+    """Gradients in log u, log v, left and right (None unless table_grad) from the covariance formula."""
+    table, u, v, r, pa, pb, m, SA, SB = saved
+    a = SA.shape[1]
+    f_a = grad_m[..., :a] @ SA.T  # f(s) = g.s = f_a[x] + f_b[y]
+    f_b = grad_m[..., a:] @ SB.T
+    c = (grad_logz - (grad_m * m).sum(-1))[..., None]  # g_Z - <f>
+    ur, vr = u * r[..., None], v * r[..., None]
+    k_vf, k_uf = table.products(u * f_a, v * f_b)  # K (v f_b) and K^T (u f_a)
+    grad_u = pa * (f_a + c) + ur * k_vf
+    grad_v = pb * (f_b + c) + vr * k_uf
+    grad_left = grad_right = None
+    if table_grad:  # dL/dC = K * (xu @ xv) summed over queries, a rank-2q product read block by block
+        left, right = table.left, table.right
+        xu = torch.cat([ur * (f_a + c), ur], dim=1).transpose(-1, -2)   # (G, 2^a, 2q)
+        xv = torch.cat([v, v * f_b], dim=1)                             # (G, 2q, 2^b)
+        if table.kept is not None:
+            block = (xu @ xv).mul_(next(iter(table))[2])
+            grad_left, grad_right = block @ right, block.transpose(-1, -2) @ left
+        else:
+            grad_left, grad_right = torch.zeros_like(left), torch.zeros_like(right)
+            work = torch.empty_like(table.buffer)
+            for g, rr, block in table:
+                block = torch.matmul(xu[g, rr], xv[g], out=work[:rr.stop - rr.start]).mul_(block)
+                grad_left[g, rr] = block @ right[g]
+                grad_right[g].addmm_(block.T, left[g, rr])
+    return grad_u, grad_v, grad_left, grad_right
+
+
+class _Contract(torch.autograd.Function):
+    """Autograd wrapper of _contract_forward / _contract_backward (first derivatives only): the generic
+    path, with the table factors (J and K) differentiated by autograd."""
+
+    @staticmethod
+    def forward(ctx, log_u, log_v, left, right, SA, SB):
+        with _no_denormals(log_u.device):
+            m, logz, ok, ctx.saved = _contract_forward(log_u, log_v, left, right, SA, SB)
+        ctx.mark_non_differentiable(ok)
+        return m, logz, ok
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_m, grad_logz, _):
+        with _no_denormals(grad_m.device):
+            grad_u, grad_v, grad_left, grad_right = _contract_backward(
+                ctx.saved, grad_m, grad_logz, ctx.needs_input_grad[2] or ctx.needs_input_grad[3])
+        return grad_u, grad_v, grad_left, grad_right, None, None
+
+
+def _pairwise_forward(h: Tensor, J: Tensor):
+    """h (G, q, n), J (G, n, n), no autograd. Returns marginals, log Z, ok and what the backward needs."""
+    n = h.shape[-1]
+    a = n // 2
+    SA = _half_configurations(a, h.dtype, h.device)
+    SB = _half_configurations(n - a, h.dtype, h.device)
+    left, right = _table_factors(J, None, a, SA, SB)
+    log_u, log_v = h[..., :a] @ SA.T, h[..., a:] @ SB.T
+    chunk = max(1, _CHUNK_ELEMENTS // max(SA.shape[0], SB.shape[0]))
+    pieces = [_contract_forward(lu, lv, left, right, SA, SB)
+              for lu, lv in zip(log_u.split(chunk, dim=1), log_v.split(chunk, dim=1))]
+    if len(pieces) == 1:
+        m, logz, ok, saved = pieces[0]
+        return m, logz, ok, [saved]
+    m, logz, ok = (torch.cat([p[i] for p in pieces], dim=1) for i in range(3))
+    return m, logz, ok, [p[3] for p in pieces]
+
+
+def _pairwise_backward(saved: list, grad_m: Tensor, grad_logz: Tensor, J_grad: bool):
+    """Gradients in h (G, q, n) and J (G, n, n) (None unless J_grad). The table factors are
+    left = [SA JAB, row, 1], right = [SB, 1, col] with row = diag(SA JAA SA^T) / 2, col likewise, so
+    dJAB = SA^T dleft[:b], dJAA = SA^T diag(drow) SA / 2, dJBB = SB^T diag(dcol) SB / 2."""
+    SA, SB = saved[0][-2], saved[0][-1]
+    a, b = SA.shape[1], SB.shape[1]
+    grads_h, grad_left, grad_right, start = [], 0, 0, 0
+    for piece in saved:
+        q = piece[1].shape[1]
+        gu, gv, gl, gr = _contract_backward(piece, grad_m[:, start:start + q], grad_logz[:, start:start + q], J_grad)
+        grads_h.append(torch.cat([gu @ SA, gv @ SB], dim=-1))
+        if J_grad:
+            grad_left, grad_right = grad_left + gl, grad_right + gr
+        start += q
+    grad_h = grads_h[0] if len(grads_h) == 1 else torch.cat(grads_h, dim=1)
+    grad_J = None
+    if J_grad:
+        G = grad_h.shape[0]
+        grad_J = grad_h.new_zeros(G, a + b, a + b)
+        grad_J[:, :a, a:] = SA.T @ grad_left[..., :b]
+        grad_J[:, :a, :a] = 0.5 * (SA.T * grad_left[:, None, :, b]) @ SA
+        grad_J[:, a:, a:] = 0.5 * (SB.T * grad_right[:, None, :, b + 1]) @ SB
+    return grad_h, grad_J
+
+
+class _Pairwise(torch.autograd.Function):
+    """Marginals, log Z and ok of pairwise systems, (h (G, Q, n), J (G, n, n)) -> (G, Q, n), (G, Q), (G, Q),
+    in one autograd node: the table factors, the split and (with ``plan``) the mask buckets are plain
+    tensor code, differentiated by hand (first derivatives only).
+
+    plan: None (no mask) or a list of buckets (sel (G, nb, q) query indices, idx (nb, L) spin indices with
+    n for padding, free (nb,) log 2 times the padded spins); each bucket is solved as (G * nb) systems of
+    L spins in which the padded spins are free, and scattered back.
+    """
+
+    @staticmethod
+    def forward(ctx, h, J, plan):
+        with _no_denormals(h.device):
+            return _Pairwise._forward(ctx, h, J, plan)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_m, grad_logz, _):
+        with _no_denormals(grad_m.device):
+            return _Pairwise._backward(ctx, grad_m, grad_logz)
+
+    @staticmethod
+    def _forward(ctx, h, J, plan):
+        ctx.plan = plan
+        if plan is None:
+            m, logz, ok, ctx.saved = _pairwise_forward(h, J)
+            ctx.mark_non_differentiable(ok)
+            return m, logz, ok
+        G, Q, n = h.shape
+        groups = torch.arange(G, device=h.device)
+        h_ext, J_ext = F.pad(h, (0, 1)), F.pad(J, (0, 1, 0, 1))
+        m_out, logz_out = h.new_zeros(G, Q, n + 1), h.new_zeros(G, Q)
+        ok_out = torch.ones(G, Q, dtype=torch.bool, device=h.device)
+        ctx.saved = []
+        for sel, idx, free in plan:
+            nb, q, L = sel.shape[1], sel.shape[2], idx.shape[1]
+            where = (groups[:, None, None, None], sel[..., None], idx[None, :, None, :])
+            sub_J = J_ext[:, idx[:, :, None], idx[:, None, :]].reshape(G * nb, L, L)
+            m, logz, ok, saved = _pairwise_forward(h_ext[where].reshape(G * nb, q, L), sub_J)
+            m_out[where] = m.view(G, nb, q, L)  # the padding column n is dropped below
+            logz_out[groups[:, None, None], sel] = logz.view(G, nb, q) - free.to(logz.dtype)[None, :, None]
+            ok_out[groups[:, None, None], sel] = ok.view(G, nb, q)
+            ctx.saved.append(saved)
+        ctx.mark_non_differentiable(ok_out)
+        return m_out[..., :n], logz_out, ok_out
+
+    @staticmethod
+    def _backward(ctx, grad_m, grad_logz):
+        J_grad = ctx.needs_input_grad[1]
+        if ctx.plan is None:
+            grad_h, grad_J = _pairwise_backward(ctx.saved, grad_m, grad_logz, J_grad)
+            return grad_h, grad_J, None
+        G, Q, n = grad_m.shape
+        groups = torch.arange(G, device=grad_m.device)
+        gm_ext = F.pad(grad_m, (0, 1))
+        grad_h = grad_m.new_zeros(G, Q, n + 1)
+        grad_J = grad_m.new_zeros(G, n + 1, n + 1) if J_grad else None
+        for (sel, idx, _), saved in zip(ctx.plan, ctx.saved):
+            nb, q, L = sel.shape[1], sel.shape[2], idx.shape[1]
+            where = (groups[:, None, None, None], sel[..., None], idx[None, :, None, :])
+            gh, gJ = _pairwise_backward(saved, gm_ext[where].reshape(G * nb, q, L),
+                                        grad_logz[groups[:, None, None], sel].reshape(G * nb, q), J_grad)
+            grad_h[where] = gh.view(G, nb, q, L)
+            if J_grad:  # sum over patterns through one-hot maps (index_put_ with accumulate sorts: slow)
+                onehot = F.one_hot(idx, n + 1).to(gJ.dtype)  # (nb, L, n + 1)
+                grad_J += torch.einsum("bli,gblm,bmj->gij", onehot, gJ.view(G, nb, L, L), onehot)
+        return grad_h[..., :n], grad_J[:, :n, :n] if J_grad else None, None
+
+
+def _log_domain_fallback(m, logz, ok, h, J, K, mask=None):
+    """Recompute the rows where ok is False in float64 from h (G, Q, n), J, K (and mask (G, Q, n): absent
+    spins free, log 2 each taken off log Z): all 2^n log-weights, shifted by their maximum and normalised
+    (a softmax), so |<s>| <= 1 at any scale. Rows are batched by group and mask pattern."""
+    G, Q, n = h.shape
+    a = n // 2
+    SA = _half_configurations(a, torch.float64, h.device)
+    SB = _half_configurations(n - a, torch.float64, h.device)
     bad = (~ok).nonzero()  # (R, 2): group and query index
-    states = log_table.shape[-1] * log_table.shape[-2]
-    new_m, new_logz = [], []
-    for rows in bad.split(max(1, _CHUNK_ELEMENTS // states)):
-        g, q = rows[:, 0], rows[:, 1]
-        t = (log_u[g, q].double()[:, :, None] + log_table[g].double() + log_v[g, q].double()[:, None, :])
-        lz = torch.logsumexp(t, dim=(1, 2))
-        p = torch.exp(t - lz[:, None, None])
-        new_m.append(torch.cat([p.sum(2) @ SA.double(), p.sum(1) @ SB.double()], dim=-1))
-        new_logz.append(lz)
-    index = bad[:, 0] * Q + bad[:, 1]
-    m = m.reshape(G * Q, -1).index_put((index,), torch.cat(new_m).to(m.dtype)).reshape(m.shape)
+    keys = bad[:, :1] if mask is None else torch.cat([bad[:, :1], mask[bad[:, 0], bad[:, 1]].long()], dim=1)
+    systems, which = torch.unique(keys, dim=0, return_inverse=True)
+    index, new_m, new_logz = [], [], []
+    for k, key in enumerate(systems):
+        g, rows = int(key[0]), bad[which == k]
+        present = key[1:].double() if mask is not None else h.new_ones(n, dtype=torch.float64)
+        J_g = J[g:g + 1].double() * present[:, None] * present[None, :] if J is not None else None
+        K_g = (K[g:g + 1].double() * present[:, None, None] * present[None, :, None] * present[None, None, :]
+               if K is not None else None)
+        left, right = _table_factors(J_g, K_g, a, SA, SB) if J_g is not None or K_g is not None else (None, None)
+        table = left @ right.transpose(-1, -2) if left is not None else 0.0  # (1, 2^a, 2^b)
+        for chunk in rows[:, 1].split(max(1, _CHUNK_ELEMENTS // (SA.shape[0] * SB.shape[0]))):
+            x = h[g, chunk].double() * present
+            t = ((x[:, :a] @ SA.T)[:, :, None] + table + (x[:, a:] @ SB.T)[:, None, :]).reshape(len(chunk), -1)
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError("method 'exact': the energies overflow float64 (|E| > 1.8e308) for fields and "
+                                 "couplings this large; rescale h, J and K")
+            p = torch.softmax(t, dim=-1).view(len(chunk), SA.shape[0], SB.shape[0])
+            new_m.append(torch.cat([p.sum(2) @ SA, p.sum(1) @ SB], dim=-1) * present)
+            new_logz.append(torch.logsumexp(t, dim=-1) - (n - present.sum()) * math.log(2.0))
+            index.append(g * Q + chunk)
+    index = torch.cat(index)
+    m = m.reshape(G * Q, n).index_put((index,), torch.cat(new_m).to(m.dtype)).reshape(G, Q, n)
     logz = logz.reshape(G * Q).index_put((index,), torch.cat(new_logz).to(logz.dtype)).reshape(G, Q)
     return m, logz

@@ -15,7 +15,8 @@ its own best settings, in stages, each decided by a rule fixed before the runs i
 4. The nanoGPT check: softmax in nanoGPT's CPU configuration (4 layers, 4 heads, d_model 128, T = 64, batch
    12, 2000 iterations, lr 1e-3 with 100 warm-up steps and cosine decay to 1e-4, AdamW betas (0.9, 0.99),
    no dropout, nanoGPT's init) against nanoGPT's published validation loss of about 1.88.
-Later stages use the decisions of the earlier ones: `CHOSEN_INIT` and `BEST_LR` below hold them, with the
+Every run uses AdamW's per-tensor loop (`fused_optimizer=False`), as the first stage's runs did. Later
+stages use the decisions of the earlier ones: `CHOSEN_INIT` and `BEST_LR` below hold them, with the
 measurement that set them in the report.
 """
 
@@ -49,7 +50,7 @@ BEST_LR: dict[str, float] = {}  # mode -> lr; filled from stage 2
 # nanoGPT's config/train_shakespeare_char.py with the README's CPU overrides (shared/docs/SCALING.md §3).
 NANOGPT = {"batch_size": 12, "steps": 2000, "lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 0.1, "beta2": 0.99,
            "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 250, "d_model": 128, "n_heads": 4,
-           "n_layers": 4, "d_ff": 512, "init": "gpt2"}
+           "n_layers": 4, "d_ff": 512, "init": "gpt2", "fused_optimizer": False}
 NANOGPT_T = 64
 NANOGPT_LOSS = 1.88  # nanoGPT's README: "validation loss of about 1.88" for this configuration
 PREFIX = "init-"  # every variant of this study but the nanoGPT check
@@ -62,7 +63,7 @@ def variant(init: str, lr: float = BASE_LR, steps: int = 4000) -> str:
 
 
 def _grid(T: int, modes, seeds, init: str, lr: float = BASE_LR, steps: int = 4000) -> Grid:
-    overrides = {"init": init, "lr": lr, "steps": steps}
+    overrides = {"init": init, "lr": lr, "steps": steps, "fused_optimizer": False}
     if steps != 4000:
         overrides["eval_interval"] = steps // 16
     return Grid(("shakespeare",), (T,), modes=tuple(modes), seeds=seeds, variant=variant(init, lr, steps),
