@@ -105,3 +105,40 @@ def test_training_runs_without_tqdm(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(builtins, "__import__", no_tqdm)
     assert cli.main(["train", *TINY, "--out", str(tmp_path / "run.json")]) == 0
     assert "brackets T=4 h+J: 3/3 steps" in capsys.readouterr().err
+
+
+def test_reproduce_keeps_the_old_recipe_one_flag_away(tmp_path, monkeypatch):
+    from boltzmann_attention.experiments import sweep as sweep_module
+
+    seen = {}
+
+    def fake_sweep(grids, out, jobs=1):
+        seen["inits"] = {cfg.init for g in grids for _, cfg in g.runs()}
+        seen["out"] = str(out)
+        return []
+
+    monkeypatch.setattr(sweep_module, "sweep", fake_sweep)
+    monkeypatch.setattr(cli, "_write_report", lambda results, out: out)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["reproduce", "--profile", "quick", "--init", "torch"]) == 0
+    assert seen == {"inits": {"torch"}, "out": "results/quick-init-torch"}
+    assert cli.main(["reproduce", "--profile", "quick"]) == 0
+    assert seen["inits"] == {"gpt2"}
+    assert cli.main(["reproduce", "--profile", "baselines", "--init", "torch"]) == 2
+
+
+def test_results_recorded_before_a_field_existed_read_as_what_they_used(tmp_path):
+    """Old results have no 'init' (they used PyTorch's defaults): reports must not take them for gpt2."""
+    import json as json_module
+
+    from test_report import shakespeare_val, write_run
+
+    from boltzmann_attention.experiments.results import load_runs
+
+    path = write_run(tmp_path, "shakespeare", 8, "softmax", 0, val=shakespeare_val(7.0))
+    result = json_module.loads(path.read_text())
+    for key in ("init", "beta2", "fused_optimizer"):
+        del result["config"][key]
+    path.write_text(json_module.dumps(result))
+    (run,) = load_runs(tmp_path)
+    assert (run.config["init"], run.config["beta2"], run.config["fused_optimizer"]) == ("torch", 0.95, False)

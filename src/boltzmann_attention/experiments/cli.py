@@ -149,8 +149,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                          help=f"field bias of the Boltzmann modes (default {studies.DEFAULT_FIELD_BIAS}, "
                               f"chosen by the fair study; {studies.PAPER_FIELD_BIAS} is the paper's energy, "
                               "which has no bias term)")
-    p_repro.add_argument("--out", help="results folder (default: results/<profile>[-bias-<field bias>])")
-    p_repro.add_argument("--report", help="report folder (default: report/<profile>[-bias-<field bias>])")
+    p_repro.add_argument("--init", choices=INITS,
+                         help="the model's initialisation for every run (default: TrainConfig's, gpt2; 'torch' is "
+                              "the recipe of the committed full, fair and sampling studies)")
+    p_repro.add_argument("--out", help="results folder (default: results/<profile>[-bias-<field bias>][-init-<init>])")
+    p_repro.add_argument("--report", help="report folder (default: report/<profile>[-bias-<field bias>][-init-<init>])")
     p_repro.add_argument("--jobs", type=int, default=2, help="parallel processes (default: %(default)s)")
     return parser, {"train": p_train, "sweep": p_sweep, "report": p_report, "reproduce": p_repro}
 
@@ -213,9 +216,15 @@ def _dispatch(args) -> int:
         name = args.profile
         if args.field_bias != studies.DEFAULT_FIELD_BIAS:
             name += f"-bias-{args.field_bias}"
+        grids = studies.profile(args.profile, args.field_bias)
+        if args.init is not None:
+            if args.profile == "baselines":
+                raise ValueError("the baselines profile compares the inits itself; drop --init")
+            grids = experiments.with_overrides(grids, init=args.init)
+            name += f"-init-{args.init}"
         out = Path(args.out or f"results/{name}")
         start = time.perf_counter()
-        names = experiments.sweep(studies.profile(args.profile, args.field_bias), out, jobs=args.jobs)
+        names = experiments.sweep(grids, out, jobs=args.jobs)
         print(f"{len(names)} runs in {time.perf_counter() - start:.0f} s -> {out}/runs")
         print(f"report -> {_write_report(out, args.report or f'report/{name}')}")
     return 0

@@ -17,10 +17,12 @@ Heads:
 Defaults are the paper's: 1 layer, 1 head, d_model 64, d_ff 128.
 
 Initialisation (``init``):
-- ``torch``: PyTorch's module defaults (nn.Embedding N(0, 1), nn.Linear uniform(+-1/sqrt(fan_in))).
-- ``gpt2``: nanoGPT's / GPT-2's scheme: every Linear and Embedding weight N(0, 0.02^2), zero biases, and
+- ``gpt2`` (the default): nanoGPT's / GPT-2's scheme: every Linear and Embedding weight N(0, 0.02^2), zero biases, and
   the residual output projections (attention output, the FFN's second layer) N(0, (0.02 / sqrt(2 n_layers))^2).
-  LayerNorms stay at (1, 0); couplings and field biases keep their own initialisation.
+  LayerNorms stay at (1, 0); couplings and field biases keep their own initialisation. It gives softmax a
+  3.5-4.1% lower validation perplexity than ``torch`` on Shakespeare at T = 8 and 12 (report/baselines).
+- ``torch``: PyTorch's module defaults (nn.Embedding N(0, 1), nn.Linear uniform(+-1/sqrt(fan_in))): the
+  package's recipe before December 2026, that of the committed full, fair and sampling studies.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class ModelConfig:
     field_bias_init: float | None = None  # None: -log(max_len) / 2
     learn_field_bias: bool = True
     method_options: dict = field(default_factory=dict)
-    init: str = "torch"               # torch | gpt2 (see the module docstring)
+    init: str = "gpt2"                # gpt2 | torch (see the module docstring)
 
 
 INITS = ("torch", "gpt2")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .train import LEGACY_CONFIG
+
 ARCHIVE = "runs.jsonl.gz"  # every run's result, one JSON per line, written next to each report
 MODE_ORDER = ("softmax", "h+J", "h", "J", "h+K", "h+J+K")
 BASELINE = "softmax"
@@ -143,7 +145,7 @@ def _load_run(path: Path, text: str) -> Run:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"malformed result file {path}: {e}") from None
     try:
-        cfg = d["config"]
+        cfg = {**LEGACY_CONFIG, **d["config"]}  # what a run recorded before a field existed used
         T = int(cfg["T"])
         metrics = d["metrics"]
         if not isinstance(metrics.get("val"), dict):
