@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import ising
+from . import coupled_window, ising
+from .coupled_window import WindowCouplings
 
 MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
 
@@ -62,6 +63,7 @@ def boltzmann_attention(
     bias: float | Tensor = 0.0,
     return_weights: bool = False,
     method_options: dict | None = None,
+    coupling_window: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention whose weights are Ising marginals, with SDPA's conventions.
 
@@ -71,6 +73,10 @@ def boltzmann_attention(
     or a tensor broadcastable to (B, H, L, S), e.g. (H, 1, 1) for one bias per head). ``method`` and
     ``method_options`` choose how marginals are computed (see :mod:`boltzmann_attention.ising`); mode
     'h' uses the closed form sigmoid(2h) and ignores them.
+
+    coupling_window=W: the coupled window (causal only, method 'exact'): couplings (H, W, W) indexed by
+    window slot (slot a = key i - a), keys before the window independent; any length. See
+    :mod:`boltzmann_attention.coupled_window`.
 
     Returns the output (B, H, L, Ev), and the weights (B, H, L, S) when return_weights is True. A query
     with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there).
@@ -90,7 +96,9 @@ def boltzmann_attention(
             raise ValueError(f"mode {mode!r} needs `{name}`")
         if given is not None and not needed:
             raise ValueError(f"mode {mode!r} does not use `{name}`; pass None or choose another mode")
-    if couplings is not None and (couplings.dim() != 3 or couplings.shape[-2:] != (S, S)):
+    if coupling_window is not None:
+        _check_window_call(coupling_window, couplings, three_body, uses_J, method, is_causal, method_options)
+    elif couplings is not None and (couplings.dim() != 3 or couplings.shape[-2:] != (S, S)):
         raise ValueError(f"couplings must have shape (H, {S}, {S}), got {tuple(couplings.shape)}")
     if three_body is not None and (three_body.dim() != 4 or three_body.shape[-3:] != (S, S, S)):
         raise ValueError(f"three_body must have shape (H, {S}, {S}, {S}), got {tuple(three_body.shape)}")
@@ -111,6 +119,11 @@ def boltzmann_attention(
                                        mask.shape if mask is not None else ())
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
 
+    if coupling_window is not None:
+        h_band = coupled_window.band_field(query, key, scale, bias, coupling_window) if uses_field else None
+        out, weights = coupled_window.window_attention(field, value, couplings, coupling_window, mask, h_band=h_band,
+                                                       return_weights=return_weights, **(method_options or {}))
+        return (out, weights) if return_weights else out
     if mode == "h":
         weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
     else:
@@ -123,6 +136,21 @@ def boltzmann_attention(
         weights = weights.masked_fill(~mask, 0.0)
     out = weights @ value
     return (out, weights.expand(*out.shape[:-1], S)) if return_weights else out
+
+
+def _check_window_call(window, couplings, three_body, uses_J, method, is_causal, method_options) -> None:
+    if not uses_J or three_body is not None:
+        raise ValueError("coupling_window needs a mode with pairwise couplings and no three-body terms "
+                         "('h+J' or 'J')")
+    if method != "exact":
+        raise ValueError(f"coupling_window is computed by method 'exact' only, got {method!r}")
+    if not is_causal:
+        raise ValueError("coupling_window needs is_causal=True (slot a is key i - a, the keys before query i)")
+    unknown = set(method_options or {}) - {"max_spins"}
+    if unknown:
+        raise ValueError(f"unknown method_options {sorted(unknown)} for coupling_window; it takes 'max_spins'")
+    coupled_window.window_ising.check_window(couplings, window, (method_options or {}).get(
+        "max_spins", coupled_window.window_ising.MAX_SPINS))
 
 
 class FullCouplings(nn.Module):
@@ -191,21 +219,28 @@ class BoltzmannAttention(nn.Module):
     al., 2024) expressed as a field. Couplings and the field bias are marked ``_no_weight_decay``; build
     the optimiser with :func:`parameter_groups` so that weight decay does not pull J towards zero.
 
-    coupling: 'full' (a free J_jk for every pair, lengths <= max_len) or 'relative' (J_jk = f(|j-k|),
-    any length, f = 0 beyond ``coupling_range``, default max_len - 1).
+    coupling: 'full' (a free J_jk for every pair, lengths <= max_len), 'relative' (J_jk = f(|j-k|),
+    any length, f = 0 beyond ``coupling_range``, default max_len - 1) or 'window' (the coupled window of
+    ``coupling_window`` keys: J (H, W, W) indexed by slot a = key i - a, earlier keys independent, any
+    length, causal, method 'exact'; ``coupling_window_relative=True`` for J_ab = f(|a - b|)).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, max_len: int, mode: str = "h+J",
                  method: str = "exact", causal: bool = True, coupling: str = "full",
                  coupling_range: int | None = None, coupling_init_std: float = 0.0,
                  field_bias_init: float | None = None, learn_field_bias: bool = True,
-                 bias: bool = True, method_options: dict | None = None):
+                 bias: bool = True, method_options: dict | None = None, coupling_window: int | None = None,
+                 coupling_window_relative: bool = False):
         super().__init__()
         uses_field, uses_J, uses_K = _mode_terms(mode)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
-        if coupling not in ("full", "relative"):
-            raise ValueError(f"unknown coupling {coupling!r}; choose 'full' or 'relative'")
+        if coupling not in ("full", "relative", "window"):
+            raise ValueError(f"unknown coupling {coupling!r}; choose 'full', 'relative' or 'window'")
+        if (coupling == "window") != (coupling_window is not None):
+            raise ValueError("coupling='window' and coupling_window=W go together (W: the number of coupled keys)")
+        if coupling == "window" and uses_J:
+            _check_window_call(coupling_window, None, None, not uses_K, method, causal, method_options)
         if not isinstance(method, ising.DimodSampler) and method not in ising.METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {sorted(ising.METHODS)} or a DimodSampler")
         self.embed_dim, self.num_heads, self.max_len = embed_dim, num_heads, max_len
@@ -219,7 +254,10 @@ class BoltzmannAttention(nn.Module):
         self.out = nn.Linear(embed_dim, embed_dim, bias=bias)
 
         self.couplings = None
-        if uses_J and coupling == "full":
+        self.coupling_window = coupling_window if coupling == "window" and uses_J else None
+        if uses_J and coupling == "window":
+            self.couplings = WindowCouplings(num_heads, coupling_window, coupling_window_relative, coupling_init_std)
+        elif uses_J and coupling == "full":
             self.couplings = FullCouplings(num_heads, max_len, coupling_init_std)
         elif uses_J:
             self.couplings = RelativeCouplings(num_heads, coupling_range or max_len - 1, coupling_init_std)
@@ -259,6 +297,7 @@ class BoltzmannAttention(nn.Module):
             mode=self.mode, method=self.method, is_causal=self.causal, attn_mask=attn_mask,
             bias=self.field_bias.view(-1, 1, 1) if self.field_bias is not None else 0.0,
             return_weights=need_weights, method_options=self.method_options,
+            coupling_window=self.coupling_window,
         )
         out, weights = result if need_weights else (result, None)
         return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
