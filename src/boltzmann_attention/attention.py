@@ -120,9 +120,9 @@ def boltzmann_attention(
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
 
     if coupling_window is not None:
-        h_band = coupled_window.band_field(query, key, scale, bias, coupling_window) if uses_field else None
-        out, weights = coupled_window.window_attention(field, value, couplings, coupling_window, mask, h_band=h_band,
-                                                       return_weights=return_weights, **(method_options or {}))
+        out, weights = coupled_window.window_attention(
+            field, value, couplings, coupling_window, mask, scores=(query, key, scale, bias) if uses_field else None,
+            return_weights=return_weights, **(method_options or {}))
         return (out, weights) if return_weights else out
     if mode == "h":
         weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins

@@ -32,62 +32,64 @@ def band_index(L: int, S: int, window: int, device=None) -> tuple[Tensor, Tensor
     return index.clamp(0, S - 1), (index >= 0) & (index < S)
 
 
-def band_of(x: Tensor, window: int) -> Tensor:
-    """The window band x[..., i, i - a] of a (..., L, S) tensor: (..., L, W) (clamped index where i - a < 0)."""
-    L, S = x.shape[-2:]
-    index, _ = band_index(L, S, window, x.device)
-    return x.gather(-1, index.expand(*x.shape[:-2], L, window))
-
-
-def band_field(query: Tensor, key: Tensor, scale: float, bias: float | Tensor, window: int) -> Tensor:
-    """h[..., i, i - a] = scale * q_i.k_{i-a} + bias[..., i, i - a] without the (L, S) field: (..., L, W)."""
-    L, S = query.shape[-2], key.shape[-2]
-    h = band_scores(query, key, window) * scale
-    if not isinstance(bias, Tensor):
-        return h + bias
-    bias = bias.reshape((1,) * (2 - min(bias.dim(), 2)) + tuple(bias.shape))
-    if bias.shape[-1] == 1:  # one bias per head or per query: the same for every key
-        return h + bias
-    return h + band_of(bias.expand(*bias.shape[:-2], L, S), window)
+@lru_cache(maxsize=16)
+def _columns(L: int, S: int, window: int, device) -> tuple[Tensor, Tensor]:
+    """band_index in column order t = W - 1 - a (column t of row i is key i - W + 1 + t), as used inside."""
+    index, valid = band_index(L, S, window, device)
+    return index.flip(-1), valid.flip(-1)
 
 
 def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: int, mask: Tensor | None, *,
-                     h_band: Tensor | None = None, return_weights: bool = False,
+                     scores: tuple | None = None, return_weights: bool = False,
                      max_spins: int = window_ising.MAX_SPINS):
     """Causal coupled-window attention.
 
     field: (B', H', L, S) fields, B' and H' broadcasting against value's; value: (B, H, S, Ev); couplings:
     (H or 1, W, W) slot-indexed, symmetric, zero diagonal; mask: bool broadcastable to (B, H, L, S), True
     where the key takes part, or None (the causal mask is structural: slot a is key i - a, and the
-    independent part is j <= i - W). h_band: the window band of the field (..., L, W) if computed
-    already (:func:`band_field`), else it is gathered from ``field``. Returns out (B, H, L, Ev) and the
-    weights (B, H, L, S) if asked (else None).
+    independent part is j <= i - W). scores: (query, key, scale, bias) with field = scale q.k + bias, to
+    compute the band of the field from q and k (cheaper in the backward); else it is gathered from
+    ``field``. Returns out (B, H, L, Ev) and the weights (B, H, L, S) if asked (else None).
     """
     window_ising.check_window(couplings, window, max_spins)
     if couplings.dtype != field.dtype:
         raise ValueError(f"window couplings must have the field's dtype {field.dtype}, got {couplings.dtype}")
     L, S = field.shape[-2:]
-    index, present = band_index(L, S, window, field.device)  # slot a = key i - a
-    if h_band is None:
-        h_band = band_of(field, window)
+    # the band in column order t = W - 1 - a, so that no (L, W) tensor needs flipping; J is flipped instead
+    index, present = _columns(L, S, window, field.device)
+    if scores is None:
+        h_band = field.gather(-1, index.expand(*field.shape[:-2], L, window))
+    else:
+        query, key, scale, bias = scores
+        h_band = _band_scores(query, key, window) * scale
+        if isinstance(bias, Tensor) and bias.dim() >= 1 and bias.shape[-1] != 1:  # a bias per key: its band
+            bias = bias.reshape((1,) * (2 - min(bias.dim(), 2)) + tuple(bias.shape))
+            bias = bias.expand(*bias.shape[:-2], L, S).gather(-1, index.expand(*bias.shape[:-2], L, window))
+        h_band = h_band + bias
     if mask is not None:
-        present = present & band_of(mask.expand(*mask.shape[:-2], L, S), window)
-    m_band = window_ising.marginals(h_band, couplings[:, None], present)  # (B*, H*, L, W)
-    a_band = (m_band + 1) / 2 * present
+        present = present & mask.expand(*mask.shape[:-2], L, S).gather(-1, index.expand(*mask.shape[:-2], L, window))
+    J = couplings.flip(-1, -2)[:, None]
+    if mask is None and L >= window:  # only the first W - 1 queries have absent slots: full windows go unmasked
+        m_band = torch.cat([window_ising.marginals(h_band[..., :window - 1, :], J, present[:window - 1]),
+                            window_ising.marginals(h_band[..., window - 1:, :], J)], dim=-2)
+    else:
+        m_band = window_ising.marginals(h_band, J, present)  # (B*, H*, L, W), 0 where absent
+    a_band = (m_band + present) * 0.5
 
     # before the window: independent spins, sigmoid(2h), on keys j <= i - W
-    outside = _before_window(L, S, window, field.device)
-    if mask is not None:
-        outside = outside & mask
-    a_out = torch.sigmoid(2 * field).masked_fill(~outside, 0.0)
-    out = a_out @ value + band_times_value(a_band, value)
+    if mask is None:
+        not_before = _not_before_window(L, S, window, field.device)
+    else:
+        not_before = ~(mask & _before_window(L, S, window, field.device))
+    a_out = torch.sigmoid(2 * field).masked_fill(not_before, 0.0)
+    out = a_out @ value + _band_times_value(a_band, value)
     if not return_weights:
         return out, None
-    # scatter the band into a left-padded (..., L, S + W - 1) tensor: slot a of row i at column i - a + W - 1
+    # scatter the band into a left-padded (..., L, S + W - 1) tensor: column t of row i goes to i + t
     B, H = out.shape[:2]
-    column = (torch.arange(L, device=field.device)[:, None] - torch.arange(window, device=field.device)
-              + window - 1).expand(B, H, L, window)
-    padded = a_band.new_zeros(B, H, L, max(S, L) + window - 1).scatter(-1, column, a_band.expand(B, H, L, window))
+    column = (torch.arange(L, device=field.device)[:, None] + torch.arange(window, device=field.device))
+    padded = a_band.new_zeros(B, H, L, max(S, L) + window - 1).scatter(-1, column.expand(B, H, L, window),
+                                                                         a_band.expand(B, H, L, window))
     weights = a_out.expand(B, H, L, S) + padded[..., window - 1:window - 1 + S]
     return out, weights
 
@@ -98,17 +100,27 @@ def _before_window(L: int, S: int, window: int, device) -> Tensor:
     return torch.ones(L, S, dtype=torch.bool, device=device).tril(-window)
 
 
+@lru_cache(maxsize=16)
+def _not_before_window(L: int, S: int, window: int, device) -> Tensor:
+    return ~_before_window(L, S, window, device)
+
+
 def band_times_value(a_band: Tensor, value: Tensor, block: int = 64) -> Tensor:
     """sum_a a_band[..., i, a] value[..., i - a, :] (keys before 0 or past S count as 0): (..., L, Ev).
 
-    a_band: (..., L, W); value: (..., S, Ev). By blocks of P queries: the band of a block is skewed into a
-    dense (P, P + W - 1) matrix (D[r, r + t] = a_band[r, W - 1 - t], by padding and re-viewing) times the
-    P + W - 1 value rows it touches: one batched GEMM instead of a gather of (L, W, Ev) values.
+    a_band: (..., L, W) in slot order; value: (..., S, Ev). By blocks of P queries: the band of a block is
+    skewed into a dense (P, P + W - 1) matrix (D[r, r + t] = a_band[r, W - 1 - t], by padding and
+    re-viewing) times the P + W - 1 value rows it touches: one batched GEMM, not a gather of (L, W, Ev).
     """
+    return _band_times_value(a_band.flip(-1), value, block)
+
+
+def _band_times_value(a_band: Tensor, value: Tensor, block: int = 64) -> Tensor:
+    """band_times_value with the band in column order t = W - 1 - a."""
     L, W = a_band.shape[-2:]
     P = min(block, L)
     blocks = -(-L // P)
-    A = F.pad(a_band.flip(-1), (0, 0, 0, blocks * P - L)).unflatten(-2, (blocks, P))      # (..., n, P, W)
+    A = F.pad(a_band, (0, 0, 0, blocks * P - L)).unflatten(-2, (blocks, P))               # (..., n, P, W)
     D = F.pad(A, (0, P)).flatten(-2)[..., :P * (P + W - 1)].unflatten(-1, (P, P + W - 1))  # skew
     v = F.pad(value, (0, 0, W - 1, max(0, blocks * P - value.shape[-2])))  # row r: key r - W + 1
     v = v.unfold(-2, P + W - 1, P)[..., :blocks, :, :].transpose(-1, -2)  # (..., n, P + W - 1, Ev)
@@ -121,6 +133,11 @@ def band_scores(query: Tensor, key: Tensor, window: int, block: int = 64) -> Ten
     By blocks of P queries: one (P, E) x (E, P + W - 1) GEMM with the keys the block touches, then the
     band is read off the skewed product (A[r, t] = D[r, r + t], by padding and re-viewing).
     """
+    return _band_scores(query, key, window, block).flip(-1)
+
+
+def _band_scores(query: Tensor, key: Tensor, window: int, block: int = 64) -> Tensor:
+    """band_scores in column order t = W - 1 - a."""
     L, W = query.shape[-2], window
     P = min(block, L)
     blocks = -(-L // P)
@@ -129,7 +146,7 @@ def band_scores(query: Tensor, key: Tensor, window: int, block: int = 64) -> Ten
     k = k.unfold(-2, P + W - 1, P)[..., :blocks, :, :]                                  # (..., n, E, P + W - 1)
     D = q @ k                                                                           # (..., n, P, P + W - 1)
     A = F.pad(D.flatten(-2), (0, P)).unflatten(-1, (P, P + W))[..., :W]                 # un-skew: A[r, t]
-    return A.flatten(-3, -2)[..., :L, :].flip(-1)                                       # t = W - 1 - a
+    return A.flatten(-3, -2)[..., :L, :]
 
 
 class WindowCouplings(nn.Module):

@@ -19,9 +19,10 @@ with ONE table K (2^(W/2) x 2^(W/2)) per head, so all queries of a head (B * L o
 GEMMs of inner size 2^(W/2): about 2 * 2^W MACs per query.
 
 Absent slots keep every query in the same two GEMMs: an absent slot c is clamped to s_c = +1 (the
-configurations with s_c = -1 get u or v = 0) and J_cb is subtracted from the field of every present slot
-b. Then the terms of c in the table add J_cb s_b + constants, which the field shift cancels: the law of
-the present slots is exactly that of the smaller system with c deleted. This is exact, not a limit.
+configurations with s_c = -1 get u or v = 0, through a -big exponent) and J_cb is subtracted from the
+field of every present slot b. Then the terms of c in the table add J_cb s_b + constants, which the field
+shift cancels: the law of the present slots is exactly that of the smaller system with c deleted. This is
+exact, not a limit.
 
 Numerics: u, v and K are each max-shifted in the log domain (u over the allowed configurations). A query
 whose Z still underflows (|h| or |J| in the tens to hundreds, fields fighting couplings) is recomputed
@@ -80,75 +81,72 @@ def _configurations(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     return configurations(n, dtype=dtype, device=device)
 
 
+@lru_cache(maxsize=32)
+def _exclusion(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(2n, 2^n): [S^T; -big [S = -1]^T], so that [h, absent] @ it is h.S with -big where an absent spin is -1."""
+    S = _configurations(n, dtype, device)
+    big = torch.finfo(dtype).max / (4 * max(n, 1))  # large enough for exp to give 0, small enough to stay finite
+    return torch.cat([S.T, -big * (S < 0).to(dtype).T])
+
+
+@lru_cache(maxsize=32)
+def _with_ones(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(2^n, n + 1): the configurations and a column of ones (one GEMM gives the marginals' sums and Z)."""
+    S = _configurations(n, dtype, device)
+    return torch.cat([S, torch.ones_like(S[:, :1])], dim=1)
+
+
 def _split(h: Tensor, J: Tensor, present: Tensor | None) -> Tensor:
     """h (G, Q, W), J (G, W, W), present (G, Q, W) bool or None -> marginals (G, Q, W)."""
     W = h.shape[-1]
     if W == 1:  # one spin, no coupling
         m = torch.tanh(h)
         return m if present is None else m * present
-    keep = None
-    if present is not None:
-        keep = present.to(h.dtype)
-        h = (h - (1 - keep) @ J) * keep  # cancel the clamped slots' couplings; their own field is irrelevant
     a = W // 2
     SA = _configurations(a, h.dtype, h.device)      # (2^a, a)
     SB = _configurations(W - a, h.dtype, h.device)  # (2^b, b)
     JAA, JAB, JBB = J[:, :a, :a], J[:, :a, a:], J[:, a:, a:]
     log_table = (0.5 * ((SA @ JAA) * SA).sum(-1)[:, :, None] + 0.5 * ((SB @ JBB) * SB).sum(-1)[:, None, :]
                  + SA @ JAB @ SB.T)  # (G, 2^a, 2^b)
+    if present is None:
+        log_u, log_v = h[..., :a] @ SA.T, h[..., a:] @ SB.T  # (G, Q, 2^a), (G, Q, 2^b)
+    else:  # clamp absent slots to +1 (configurations with -1 there get -big), cancel their couplings
+        absent = (~present).to(h.dtype)
+        h = (h - absent @ J) * present
+        x = torch.cat([h[..., :a], absent[..., :a], h[..., a:], absent[..., a:]], dim=-1)
+        log_u = x[..., :2 * a] @ _exclusion(a, h.dtype, h.device)
+        log_v = x[..., 2 * a:] @ _exclusion(W - a, h.dtype, h.device)
     k = torch.exp(log_table - log_table.detach().amax((-1, -2), keepdim=True))
-    # per-spin factors (exp(-h - |h|), exp(h - |h|)): the largest is 1; an absent (clamped) slot has (0, 1)
-    minus, plus = torch.exp(-h - h.abs()), torch.exp(h - h.abs())
-    if keep is not None:
-        minus = minus * keep
+    SA1, SB1 = _with_ones(a, h.dtype, h.device), _with_ones(W - a, h.dtype, h.device)
     chunk = max(1, _CHUNK_ELEMENTS // max(SA.shape[0], SB.shape[0]))
-    pieces = [_contract(mi, pl, k, a, SA, SB) for mi, pl in zip(minus.split(chunk, dim=1), plus.split(chunk, dim=1))]
-    m, ok = pieces[0] if len(pieces) == 1 else (torch.cat(x, dim=1) for x in zip(*pieces))
-    if not bool(ok.all()):
-        m = _log_domain_fallback(m, ok, h, present, log_table, SA, SB)
-    return m if keep is None else m * keep
+    pieces = [_contract(lu, k, lv, SA1, SB1) for lu, lv in zip(log_u.split(chunk, dim=1), log_v.split(chunk, dim=1))]
+    m, z = pieces[0] if len(pieces) == 1 else (torch.cat(x, dim=1) for x in zip(*pieces))
+    tiny = torch.finfo(z.dtype).tiny ** 0.5
+    if bool(z.detach().min() <= tiny):  # Z underflowed for some queries: recompute them in log space
+        m = _log_domain_fallback(m, z > tiny, log_u, log_table, log_v, SA, SB)
+    return m if present is None else m * present
 
 
-def _product(minus: Tensor, plus: Tensor) -> Tensor:
-    """(..., n) factors -> (..., 2^n) products over the spins, bit j of the index is spin j (1: s_j = +1).
-
-    Built as an outer product of the two halves' products, recursively (about 2^n + 2^(n/2 + 1) products).
-    """
-    n = minus.shape[-1]
-    if n == 1:
-        return torch.cat([minus, plus], dim=-1)
-    low = _product(minus[..., :n // 2], plus[..., :n // 2])
-    high = _product(minus[..., n // 2:], plus[..., n // 2:])
-    return (high[..., :, None] * low[..., None, :]).flatten(-2)  # index: high * 2^(n/2) + low
+def _contract(log_u: Tensor, k: Tensor, log_v: Tensor, SA1: Tensor, SB1: Tensor):
+    """Marginals (G, q, W) and the shifted Z (G, q) for a chunk of queries (u and v max-shifted)."""
+    u = torch.exp(log_u - log_u.detach().amax(-1, keepdim=True))
+    v = torch.exp(log_v - log_v.detach().amax(-1, keepdim=True))
+    sums_a = (u * (v @ k.transpose(-1, -2))) @ SA1  # [(u * K v) @ S_A, Z]
+    sums_b = (v * (u @ k)) @ SB1                    # [(v * K^T u) @ S_B, Z]
+    z = sums_a[..., -1]
+    m = torch.cat([sums_a[..., :-1], sums_b[..., :-1]], dim=-1) / z.clamp_min(torch.finfo(z.dtype).tiny)[..., None]
+    return m, z
 
 
-def _contract(minus: Tensor, plus: Tensor, k: Tensor, a: int, SA: Tensor, SB: Tensor):
-    """Marginals (G, q, W) for a chunk of queries and ok (G, q): False where Z underflowed."""
-    u = _product(minus[..., :a], plus[..., :a])  # u[x] = exp(h_A.S_A[x] - sum |h_A|)
-    v = _product(minus[..., a:], plus[..., a:])
-    weight_a = u * (v @ k.transpose(-1, -2))  # u * (K v), (G, q, 2^a)
-    weight_b = v * (u @ k)                    # v * (K^T u), (G, q, 2^b)
-    z = weight_a.sum(-1)
-    ok = z > torch.finfo(z.dtype).tiny ** 0.5
-    z = torch.where(ok, z, torch.ones_like(z))
-    return torch.cat([weight_a @ SA, weight_b @ SB], dim=-1) / z[..., None], ok
-
-
-def _log_domain_fallback(m, ok, h, present, log_table, SA, SB):
+def _log_domain_fallback(m, ok, log_u, log_table, log_v, SA, SB):
     """Recompute the rows where Z underflowed with a float64 logsumexp over all 2^W states."""
     G, Q, W = m.shape
-    a = SA.shape[-1]
-    log_u, log_v = h[..., :a].double() @ SA.double().T, h[..., a:].double() @ SB.double().T
-    if present is not None:  # clamped slots: configurations with s = -1 there are excluded
-        absent = (~present).double()
-        log_u = log_u.masked_fill(absent[..., :a] @ (SA < 0).double().T > 0, float("-inf"))
-        log_v = log_v.masked_fill(absent[..., a:] @ (SB < 0).double().T > 0, float("-inf"))
     bad = (~ok).nonzero()  # (R, 2): group and query index
     states = log_table.shape[-1] * log_table.shape[-2]
     new = []
     for rows in bad.split(max(1, _CHUNK_ELEMENTS // states)):
         g, q = rows[:, 0], rows[:, 1]
-        t = log_u[g, q][:, :, None] + log_table[g].double() + log_v[g, q][:, None, :]
+        t = log_u[g, q].double()[:, :, None] + log_table[g].double() + log_v[g, q].double()[:, None, :]
         p = torch.softmax(t.flatten(1), dim=-1).view_as(t)
         new.append(torch.cat([p.sum(2) @ SA.double(), p.sum(1) @ SB.double()], dim=-1))
     index = bad[:, 0] * Q + bad[:, 1]
