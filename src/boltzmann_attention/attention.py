@@ -74,6 +74,9 @@ def boltzmann_attention(
     ``method_options`` choose how marginals are computed (see :mod:`boltzmann_attention.ising`); mode
     'h' uses the closed form sigmoid(2h) and ignores them.
 
+    couplings may also be an :class:`ising.toeplitz.Toeplitz` (J_jk = f(|j - k|), profile (H, w)) for
+    methods 'meanfield' and 'tap': J is then applied as the banded operator, never as an (S, S) matrix.
+
     coupling_window=W: the coupled window (causal only, method 'exact'): couplings (H, W, W) indexed by
     window slot (slot a = key i - a), keys before the window independent; any length. See
     :mod:`boltzmann_attention.coupled_window`.
@@ -96,7 +99,10 @@ def boltzmann_attention(
             raise ValueError(f"mode {mode!r} needs `{name}`")
         if given is not None and not needed:
             raise ValueError(f"mode {mode!r} does not use `{name}`; pass None or choose another mode")
-    if coupling_window is not None:
+    toeplitz = isinstance(couplings, ising.toeplitz.Toeplitz)
+    if toeplitz:
+        _check_toeplitz_call(couplings, three_body, method, coupling_window)
+    elif coupling_window is not None:
         _check_window_call(coupling_window, couplings, three_body, uses_J, method, is_causal, method_options)
     elif couplings is not None and (couplings.dim() != 3 or couplings.shape[-2:] != (S, S)):
         raise ValueError(f"couplings must have shape (H, {S}, {S}), got {tuple(couplings.shape)}")
@@ -127,10 +133,16 @@ def boltzmann_attention(
     if mode == "h":
         weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
     else:
-        J = couplings.unsqueeze(1) if couplings is not None else None      # (H, 1, S, S) vs (B, H, L)
+        J = couplings.unsqueeze(1) if couplings is not None and not toeplitz else None  # (H, 1, S, S) vs (B, H, L)
         K = three_body.unsqueeze(1) if three_body is not None else None
         spins_mask = None if mask is None else mask.expand(torch.broadcast_shapes(mask.shape, field.shape))
-        m = ising.marginals(field, J, K, mask=spins_mask, method=method, **(method_options or {}))
+        if toeplitz:  # one profile per head, (H, 1, w) against (B, H, L); causal rows need only keys j <= i
+            solve = ising.toeplitz.causal_marginals if is_causal else ising.toeplitz.solve
+            m = solve(field.expand(torch.broadcast_shapes(field.shape, (1, 1, L, S))),
+                      ising.toeplitz.Toeplitz(couplings.profile[:, None]), spins_mask, tap=method == "tap",
+                      **(method_options or {}))[0]
+        else:
+            m = ising.marginals(field, J, K, mask=spins_mask, method=method, **(method_options or {}))
         weights = (m + 1) / 2
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
@@ -151,6 +163,16 @@ def _check_window_call(window, couplings, three_body, uses_J, method, is_causal,
         raise ValueError(f"unknown method_options {sorted(unknown)} for coupling_window; it takes 'max_spins'")
     coupled_window.window_ising.check_window(couplings, window, (method_options or {}).get(
         "max_spins", coupled_window.window_ising.MAX_SPINS))
+
+
+def _check_toeplitz_call(couplings, three_body, method, coupling_window) -> None:
+    if method not in ("meanfield", "tap"):
+        raise ValueError(f"Toeplitz couplings are solved by methods 'meanfield' and 'tap', got {method!r}; pass "
+                         "the dense J (Toeplitz.dense(S)) to the other methods")
+    if three_body is not None or coupling_window is not None:
+        raise ValueError("Toeplitz couplings take no three_body and no coupling_window")
+    if couplings.profile.dim() != 2:
+        raise ValueError(f"the Toeplitz profile must have shape (H, w), got {tuple(couplings.profile.shape)}")
 
 
 class FullCouplings(nn.Module):
@@ -222,7 +244,9 @@ class BoltzmannAttention(nn.Module):
     coupling: 'full' (a free J_jk for every pair, lengths <= max_len), 'relative' (J_jk = f(|j-k|),
     any length, f = 0 beyond ``coupling_range``, default max_len - 1) or 'window' (the coupled window of
     ``coupling_window`` keys: J (H, W, W) indexed by slot a = key i - a, earlier keys independent, any
-    length, causal, method 'exact'; ``coupling_window_relative=True`` for J_ab = f(|a - b|)).
+    length, causal, method 'exact'; ``coupling_window_relative=True`` for J_ab = f(|a - b|)). With
+    'relative' and method 'meanfield' or 'tap', J goes to the solver as its profile (a Toeplitz operator
+    applied in blocks), not as an (L, L) matrix: the same model and method, fewer operations.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, max_len: int, mode: str = "h+J",
@@ -290,9 +314,14 @@ class BoltzmannAttention(nn.Module):
             if key_padding_mask.shape != (B, L) or key_padding_mask.dtype != torch.bool:
                 raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {L})")
             attn_mask = ~key_padding_mask[:, None, None, :]
+        couplings = None
+        if isinstance(self.couplings, RelativeCouplings) and self.method in ("meanfield", "tap"):
+            couplings = ising.toeplitz.Toeplitz(self.couplings.weight)  # f(1) .. f(range), (H, range)
+        elif self.couplings is not None:
+            couplings = self.couplings(L)
         result = boltzmann_attention(
             q, k, v,
-            couplings=self.couplings(L) if self.couplings is not None else None,
+            couplings=couplings,
             three_body=self.three_body(L) if self.three_body is not None else None,
             mode=self.mode, method=self.method, is_causal=self.causal, attn_mask=attn_mask,
             bias=self.field_bias.view(-1, 1, 1) if self.field_bias is not None else 0.0,

@@ -41,11 +41,11 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from . import annealing, banded, exact, mcmc, meanfield, reference, sqa
+from . import annealing, banded, exact, mcmc, meanfield, reference, sqa, toeplitz, window
 from ._inputs import check_inputs
 from .dimod_adapter import DimodSampler
 
-__all__ = ["marginals", "log_partition", "METHODS", "SAMPLED_METHODS", "DimodSampler"]
+__all__ = ["marginals", "log_partition", "METHODS", "SAMPLED_METHODS", "DimodSampler", "toeplitz", "window"]
 
 
 def _tap(fn: Callable) -> Callable:
