@@ -279,7 +279,9 @@ def solve(h: Tensor, couplings: Toeplitz, mask: Tensor | None = None, *, tap: bo
     except RuntimeError:
         raise ValueError(f"the batch shape {tuple(profile.shape[:-1])} of the Toeplitz profile does not "
                          f"broadcast with h's batch shape {tuple(h.shape[:-1])}") from None
-    n, w = h.shape[-1], profile.shape[-1]
+    n = h.shape[-1]
+    profile = profile[..., :max(n - 1, 1)]  # distances >= n do not occur
+    w = profile.shape[-1]
     P = max(min(block, n), w)  # blocks of P spins, P >= w so that a block only couples to its neighbours
     s = _settings(tap, damping, tol, max_iter, on_fail, P)
     g = group_queries(h, profile[..., None], None, mask)  # the profile as a (..., w, 1) "J": grouped like J
