@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import ising
+from . import coupled_window, ising
+from .coupled_window import WindowCouplings
 from .ising._inputs import _check_finite, check_int, check_real
 
 MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
@@ -131,6 +132,7 @@ def boltzmann_attention(
     bias: float | Tensor = 0.0,
     return_weights: bool = False,
     method_options: dict | None = None,
+    coupling_window: int | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention whose weights are Ising marginals, with SDPA's conventions.
 
@@ -140,6 +142,13 @@ def boltzmann_attention(
     or a tensor broadcastable to (B, H, L, S), e.g. (H, 1, 1) for one bias per head). ``method`` and
     ``method_options`` choose how marginals are computed (see :mod:`boltzmann_attention.ising`); mode
     'h' uses the closed form sigmoid(2h) and ignores them.
+
+    couplings may also be an :class:`ising.toeplitz.Toeplitz` (J_jk = f(|j - k|), profile (H, w)) for
+    methods 'meanfield' and 'tap': J is then applied as the banded operator, never as an (S, S) matrix.
+
+    coupling_window=W: the coupled window (causal only, method 'exact'): couplings (H, W, W) indexed by
+    window slot (slot a = key i - a), keys before the window independent; any length. See
+    :mod:`boltzmann_attention.coupled_window`.
 
     Returns the output (B, H, L, Ev), and the weights (B, H, L, S) when return_weights is True. A query
     with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there); B, L or S = 0
@@ -160,7 +169,13 @@ def boltzmann_attention(
             raise ValueError(f"mode {mode!r} needs `{name}`")
         if given is not None and not needed:
             raise ValueError(f"mode {mode!r} does not use `{name}`; pass None or choose another mode")
-    _check_couplings("couplings", couplings, query, S, 2)
+    toeplitz = isinstance(couplings, ising.toeplitz.Toeplitz)
+    if toeplitz:
+        _check_toeplitz_call(couplings, three_body, method, coupling_window)
+    elif coupling_window is not None:
+        _check_window_call(coupling_window, couplings, three_body, uses_J, method, is_causal, method_options)
+    else:
+        _check_couplings("couplings", couplings, query, S, 2)
     _check_couplings("three_body", three_body, query, S, 3)
 
     if mode == "softmax":  # NaN/inf: refused in every mode (here query and key, below the field they make)
@@ -182,13 +197,24 @@ def boltzmann_attention(
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
 
     _check_finite("the field h = scale * query.key + bias", field)  # every mode, also h (closed form)
+    if coupling_window is not None:
+        out, weights = coupled_window.window_attention(
+            field, value, couplings, coupling_window, mask, scores=(query, key, scale, bias) if uses_field else None,
+            return_weights=return_weights, **(method_options or {}))
+        return (out, weights) if return_weights else out
     if mode == "h":
         weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
     else:
-        J = couplings.unsqueeze(1) if couplings is not None else None      # (H, 1, S, S) vs (B, H, L)
+        J = couplings.unsqueeze(1) if couplings is not None and not toeplitz else None  # (H, 1, S, S) vs (B, H, L)
         K = three_body.unsqueeze(1) if three_body is not None else None
         spins_mask = None if mask is None else mask.expand(torch.broadcast_shapes(mask.shape, field.shape))
-        m = ising.marginals(field, J, K, mask=spins_mask, method=method, **(method_options or {}))
+        if toeplitz:  # one profile per head, (H, 1, w) against (B, H, L); causal rows need only keys j <= i
+            solve = ising.toeplitz.causal_marginals if is_causal else ising.toeplitz.solve
+            m = solve(field.expand(torch.broadcast_shapes(field.shape, (1, 1, L, S))),
+                      ising.toeplitz.Toeplitz(couplings.profile[:, None]), spins_mask, tap=method == "tap",
+                      **(method_options or {}))[0]
+        else:
+            m = ising.marginals(field, J, K, mask=spins_mask, method=method, **(method_options or {}))
         weights = (m + 1) / 2
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
@@ -201,6 +227,31 @@ def _check_sizes(init_std: float = 0.0, **sizes: int) -> None:
     for name, value in sizes.items():
         check_int(name, value, 1)
     check_real("coupling_init_std", init_std, minimum=0.0)
+
+
+def _check_window_call(window, couplings, three_body, uses_J, method, is_causal, method_options) -> None:
+    if not uses_J or three_body is not None:
+        raise ValueError("coupling_window needs a mode with pairwise couplings and no three-body terms "
+                         "('h+J' or 'J')")
+    if method != "exact":
+        raise ValueError(f"coupling_window is computed by method 'exact' only, got {method!r}")
+    if not is_causal:
+        raise ValueError("coupling_window needs is_causal=True (slot a is key i - a, the keys before query i)")
+    unknown = set(method_options or {}) - {"max_spins"}
+    if unknown:
+        raise ValueError(f"unknown method_options {sorted(unknown)} for coupling_window; it takes 'max_spins'")
+    coupled_window.window_ising.check_window(couplings, window, (method_options or {}).get(
+        "max_spins", coupled_window.window_ising.MAX_SPINS))
+
+
+def _check_toeplitz_call(couplings, three_body, method, coupling_window) -> None:
+    if method not in ("meanfield", "tap"):
+        raise ValueError(f"Toeplitz couplings are solved by methods 'meanfield' and 'tap', got {method!r}; pass "
+                         "the dense J (Toeplitz.dense(S)) to the other methods")
+    if three_body is not None or coupling_window is not None:
+        raise ValueError("Toeplitz couplings take no three_body and no coupling_window")
+    if couplings.profile.dim() != 2:
+        raise ValueError(f"the Toeplitz profile must have shape (H, w), got {tuple(couplings.profile.shape)}")
 
 
 class FullCouplings(nn.Module):
@@ -272,20 +323,29 @@ class BoltzmannAttention(nn.Module):
     al., 2024) expressed as a field. Couplings and the field bias are marked ``_no_weight_decay``; build
     the optimiser with :func:`parameter_groups` so that weight decay does not pull J towards zero.
 
-    coupling: 'full' (a free J_jk for every pair, lengths <= max_len) or 'relative' (J_jk = f(|j-k|),
-    any length, f = 0 beyond ``coupling_range``, default max_len - 1; 0 means no couplings). All options
-    are checked here, before any training.
+    coupling: 'full' (a free J_jk for every pair, lengths <= max_len), 'relative' (J_jk = f(|j-k|),
+    any length, f = 0 beyond ``coupling_range``, default max_len - 1; 0 means no couplings) or 'window' (the
+    coupled window of ``coupling_window`` keys: J (H, W, W) indexed by slot a = key i - a, earlier keys
+    independent, any length, causal, method 'exact'; ``coupling_window_relative=True`` for J_ab = f(|a - b|)).
+    With 'relative' and method 'meanfield' or 'tap', J goes to the solver as its profile (a Toeplitz operator
+    applied in blocks), not as an (L, L) matrix: the same model and method, fewer operations. All options are
+    checked here, before any training.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, max_len: int, mode: str = "h+J",
                  method: str = "exact", causal: bool = True, coupling: str = "full",
                  coupling_range: int | None = None, coupling_init_std: float = 0.0,
                  field_bias_init: float | None = None, learn_field_bias: bool = True,
-                 bias: bool = True, method_options: dict | None = None):
+                 bias: bool = True, method_options: dict | None = None, coupling_window: int | None = None,
+                 coupling_window_relative: bool = False):
         super().__init__()
         uses_field, uses_J, uses_K = _mode_terms(mode)
         coupling_range = _check_layer(embed_dim, num_heads, max_len, coupling, coupling_range, coupling_init_std,
                                       field_bias_init, method, method_options, causal)
+        if (coupling == "window") != (coupling_window is not None):
+            raise ValueError("coupling='window' and coupling_window=W go together (W: the number of coupled keys)")
+        if coupling == "window" and uses_J:
+            _check_window_call(coupling_window, None, None, not uses_K, method, causal, method_options)
         self.embed_dim, self.num_heads, self.max_len = embed_dim, num_heads, max_len
         self.mode, self.method, self.causal = mode, method, causal
         self.method_options = dict(method_options or {})
@@ -297,7 +357,10 @@ class BoltzmannAttention(nn.Module):
         self.out = nn.Linear(embed_dim, embed_dim, bias=bias)
 
         self.couplings = None
-        if uses_J and coupling == "full":
+        self.coupling_window = coupling_window if coupling == "window" and uses_J else None
+        if uses_J and coupling == "window":
+            self.couplings = WindowCouplings(num_heads, coupling_window, coupling_window_relative, coupling_init_std)
+        elif uses_J and coupling == "full":
             self.couplings = FullCouplings(num_heads, max_len, coupling_init_std)
         elif uses_J:
             self.couplings = RelativeCouplings(num_heads, coupling_range, coupling_init_std)
@@ -339,13 +402,19 @@ class BoltzmannAttention(nn.Module):
             if key_padding_mask.shape != (B, L) or key_padding_mask.dtype != torch.bool:
                 raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {L})")
             attn_mask = ~key_padding_mask[:, None, None, :]
+        couplings = None
+        if isinstance(self.couplings, RelativeCouplings) and self.method in ("meanfield", "tap"):
+            couplings = ising.toeplitz.Toeplitz(self.couplings.weight)  # f(1) .. f(range), (H, range)
+        elif self.couplings is not None:
+            couplings = self.couplings(L)
         result = boltzmann_attention(
             q, k, v,
-            couplings=self.couplings(L) if self.couplings is not None else None,
+            couplings=couplings,
             three_body=self.three_body(L) if self.three_body is not None else None,
             mode=self.mode, method=self.method, is_causal=self.causal, attn_mask=attn_mask,
             bias=self.field_bias.view(-1, 1, 1) if self.field_bias is not None else 0.0,
             return_weights=need_weights, method_options=self.method_options,
+            coupling_window=self.coupling_window,
         )
         out, weights = result if need_weights else (result, None)
         return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
@@ -357,8 +426,8 @@ def _check_layer(embed_dim, num_heads, max_len, coupling, coupling_range, coupli
     _check_sizes(embed_dim=embed_dim, num_heads=num_heads, max_len=max_len, init_std=coupling_init_std)
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
-    if coupling not in ("full", "relative"):
-        raise ValueError(f"unknown coupling {coupling!r}; choose 'full' or 'relative'")
+    if coupling not in ("full", "relative", "window"):
+        raise ValueError(f"unknown coupling {coupling!r}; choose 'full', 'relative' or 'window'")
     if coupling_range is not None and coupling != "relative":
         raise ValueError(f"coupling_range applies to coupling='relative' only (got coupling={coupling!r}); "
                          "'full' couples every pair up to max_len")

@@ -42,12 +42,12 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from . import annealing, banded, exact, mcmc, meanfield, reference, sqa
+from . import annealing, banded, exact, mcmc, meanfield, reference, sqa, toeplitz, window
 from ._inputs import check_inputs, check_int, empty_result, is_empty
 from .dimod_adapter import DimodSampler
 
 __all__ = ["marginals", "log_partition", "validate_options", "METHODS", "OPTIONS", "SAMPLED_METHODS",
-           "DimodSampler"]
+           "DimodSampler", "toeplitz", "window"]
 
 
 def _tap(fn: Callable) -> Callable:

@@ -1,0 +1,147 @@
+"""Issue 14 §1-2: the coupled window and Toeplitz mean field / TAP against mode h, module level, fwd+bwd.
+
+    PYTHONPATH=src python report/window/bench.py [--threads 1 2] [--repeats 5] [--T 1024] [--B 8] [--W 16]
+
+Every row is a BoltzmannAttention layer (projections included), causal, one head, d_model 64, float32, on
+the same x; a step is forward, sum of the output, backward. The layers run alternately in one process
+(warm-up step first, then `repeats` rounds of one step each), so the load of other processes hits all
+rows alike; the table gives the median step time and its ratio to mode h at the same thread count.
+Then, for mean field and TAP (relative couplings, range 8): the forward / backward iteration counts and
+residuals, and the error of the weights against method 'banded' (exact) at the same J, weak and strong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from boltzmann_attention import BoltzmannAttention, boltzmann_attention
+from boltzmann_attention.ising import toeplitz
+from boltzmann_attention.provenance import machine_info
+
+RANGE = 8
+
+
+def layers(T: int, W: int, d_model: int = 64) -> dict[str, BoltzmannAttention]:
+    torch.manual_seed(0)
+    return {
+        "h (sigmoid, materialised)": BoltzmannAttention(d_model, 1, max_len=T, mode="h"),
+        "softmax (SDPA)": BoltzmannAttention(d_model, 1, max_len=T, mode="softmax"),
+        f"h+J window W={W} (exact)": BoltzmannAttention(d_model, 1, max_len=T, coupling="window",
+                                                        coupling_window=W, coupling_init_std=0.1),
+        f"h+J window W={W}, relative (exact)": BoltzmannAttention(
+            d_model, 1, max_len=T, coupling="window", coupling_window=W, coupling_window_relative=True,
+            coupling_init_std=0.1),
+        **{f"h+J relative range {RANGE}, {method} (damping {damping:g})": BoltzmannAttention(
+            d_model, 1, max_len=T, coupling="relative", coupling_range=RANGE, method=method, coupling_init_std=0.1,
+            method_options={"damping": damping}) for method in ("meanfield", "tap") for damping in (0.5, 0.0)},
+    }
+
+
+def measure(T: int, B: int, W: int, threads: int, repeats: int) -> dict[str, float]:
+    torch.set_num_threads(threads)
+    mods = layers(T, W)
+    x = torch.randn(B, T, 64)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        m(x)[0].sum().backward()
+
+    for m in mods.values():
+        step(m)
+    times: dict[str, list[float]] = {name: [] for name in mods}
+    for _ in range(repeats):
+        for name, m in mods.items():
+            start = time.perf_counter()
+            step(m)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def iterations(T: int, B: int) -> list[str]:
+    """Forward / backward iterations and residuals of the mean-field rows' solver on their layer's field."""
+    torch.set_num_threads(1)
+    lines = []
+    for name, layer in layers(T, 16).items():
+        if "range" not in name:
+            continue
+        x = torch.randn(B, T, 64, generator=torch.Generator().manual_seed(1))
+        q, k = layer._heads(layer.query(x)), layer._heads(layer.key(x))
+        field = (q @ k.transpose(-1, -2) / 8 + layer.field_bias.view(-1, 1, 1)).detach().requires_grad_()
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        m, infos = toeplitz.causal_marginals(field, toeplitz.Toeplitz(layer.couplings.weight.detach()[:, None]),
+                                             causal, tap="tap" in name, **layer.method_options)
+        m.sum().backward()
+        lines.append(f"| {name} | {max(i.iterations for i in infos)} | {max(i.max_residual for i in infos):.1e} | "
+                     f"{max(i.backward_iterations for i in infos)} | "
+                     f"{max(i.backward_max_residual for i in infos):.1e} |")
+    return lines
+
+
+def accuracy(T: int, stds=(0.05, 0.2)) -> list[str]:
+    """max and mean |a - a_banded| over the causal weights, B = 1, h = q.k / 8 - 1, J_d = std * N(0, 1)."""
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 1, T, 64, generator=g) for _ in range(3))
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    lines = []
+    for std in stds:
+        profile = std * torch.randn(1, RANGE, generator=g)
+        with torch.no_grad():
+            _, exact = boltzmann_attention(q, k, v, couplings=toeplitz.Toeplitz(profile).dense(T), method="banded",
+                                           is_causal=True, bias=-1.0, return_weights=True,
+                                           method_options={"bandwidth": RANGE})
+            for method in ("meanfield", "tap"):
+                for damping in (0.5, 0.0):
+                    options = {"damping": damping, "on_fail": "ignore"}
+                    _, w = boltzmann_attention(q, k, v, couplings=toeplitz.Toeplitz(profile), method=method,
+                                               is_causal=True, bias=-1.0, return_weights=True, method_options=options)
+                    _, infos = toeplitz.causal_marginals(q @ k.transpose(-1, -2) / 8 - 1.0,
+                                                         toeplitz.Toeplitz(profile[:, None]), causal,
+                                                         tap=method == "tap", **options)
+                    converged = sum(float(i.converged.float().sum()) for i in infos) / T
+                    err = (w - exact).abs()[..., causal]
+                    lines.append(f"| {std:g} | {method} | {damping:g} | {max(i.iterations for i in infos)} | "
+                                 f"{converged:.0%} | {float(err.max()):.1e} | {float(err.mean()):.1e} |")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--T", type=int, default=1024)
+    p.add_argument("--B", type=int, default=8)
+    p.add_argument("--W", type=int, default=16)
+    a = p.parse_args()
+    info = machine_info()
+    load = os.getloadavg()[0]
+    rows = {t: measure(a.T, a.B, a.W, t, a.repeats) for t in a.threads}
+    print(f"T = {a.T}, B = {a.B}, d_model 64, 1 head, causal, float32, fwd+bwd, median of {a.repeats} "
+          f"alternating rounds; {info['processor']}, {info['cpus']} CPUs, torch {info['torch']}, "
+          f"commit {info['commit']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
+          f"{load:.1f} before, {os.getloadavg()[0]:.1f} after (other processes share the cores)\n")
+    print("| layer | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}: ms | x h" for t in a.threads) + " |")
+    print("|---|" + "---:|---:|" * len(a.threads))
+    h = next(iter(rows[a.threads[0]]))
+    for name in rows[a.threads[0]]:
+        cells = " | ".join(f"{rows[t][name] * 1e3:.0f} | {rows[t][name] / rows[t][h]:.2f}" for t in a.threads)
+        print(f"| {name} | {cells} |")
+    print(f"\nMean field / TAP solver on the layer's field (B = {a.B}, 1 thread): tol 1e-6, max over the causal "
+          "row chunks\n")
+    print("| layer | forward iterations | residual | backward iterations | residual |\n|---|---:|---:|---:|---:|")
+    print("\n".join(iterations(a.T, a.B)))
+    print(f"\nWeights against method 'banded' (exact) at the same J, T = {a.T}, B = 1, h = q.k / 8 - 1 "
+          f"(q, k ~ N(0, 1)), J_d = std N(0, 1) for d <= {RANGE}; iterations (max 500) and the share of "
+          f"queries that reached tol 1e-6\n")
+    print("| coupling std | method | damping | iterations | converged | max error | mean error |\n"
+          "|---|---|---:|---:|---:|---:|---:|")
+    print("\n".join(accuracy(a.T)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Boltzmann attention with a coupled window, exact at any length (SCALING.md §2a).
+
+For query i (causal: keys j <= i), slot a = 0..W-1 holds key i - a, and one slot-indexed J (W, W) per
+head couples the keys in the window; every earlier key is an independent spin:
+
+    E_i(s) = - sum_{j <= i} h_ij s_j - sum_{a<b<W} J_ab s_{i-a} s_{i-b},
+    a_ij = (<s_j>_i + 1) / 2:   sigmoid(2 h_ij) for j <= i - W,   window marginals for i - W < j <= i.
+
+With W >= the sequence length this is the paper's model with J_pos[j, k] = J[i - j, i - k] for query i;
+with J = 0 it is sigmoid attention. The window marginals come from :mod:`boltzmann_attention.ising.window`
+(one split-enumeration table per head for all queries). Absent keys (mask False, or before the start of
+the sequence for the first W - 1 queries) are removed from every term and get weight 0.
+
+The output is (sigmoid(2h) masked to j <= i - W) @ v plus the band sum_a a_{i,i-a} v_{i-a}; the dense
+(B, H, L, S) weights are only assembled when asked for.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .ising import window as window_ising
+
+
+def band_index(L: int, S: int, window: int, device=None) -> tuple[Tensor, Tensor]:
+    """Key index i - a of slot a for query i, clamped into [0, S) (L, W), and whether it is a key (L, W)."""
+    index = torch.arange(L, device=device)[:, None] - torch.arange(window, device=device)[None, :]
+    return index.clamp(0, S - 1), (index >= 0) & (index < S)
+
+
+@lru_cache(maxsize=16)
+def _columns(L: int, S: int, window: int, device) -> tuple[Tensor, Tensor]:
+    """band_index in column order t = W - 1 - a (column t of row i is key i - W + 1 + t), as used inside."""
+    index, valid = band_index(L, S, window, device)
+    return index.flip(-1), valid.flip(-1)
+
+
+def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: int, mask: Tensor | None, *,
+                     scores: tuple | None = None, return_weights: bool = False,
+                     max_spins: int = window_ising.MAX_SPINS):
+    """Causal coupled-window attention.
+
+    field: (B', H', L, S) fields, B' and H' broadcasting against value's; value: (B, H, S, Ev); couplings:
+    (H or 1, W, W) slot-indexed, symmetric, zero diagonal; mask: bool broadcastable to (B, H, L, S), True
+    where the key takes part, or None (the causal mask is structural: slot a is key i - a, and the
+    independent part is j <= i - W). scores: (query, key, scale, bias) with field = scale q.k + bias, to
+    compute the band of the field from q and k (cheaper in the backward); else it is gathered from
+    ``field``. Returns out (B, H, L, Ev) and the weights (B, H, L, S) if asked (else None).
+    """
+    window_ising.check_window(couplings, window, max_spins)
+    if couplings.dtype != field.dtype:
+        raise ValueError(f"window couplings must have the field's dtype {field.dtype}, got {couplings.dtype}")
+    L, S = field.shape[-2:]
+    # the band in column order t = W - 1 - a, so that no (L, W) tensor needs flipping; J is flipped instead
+    index, present = _columns(L, S, window, field.device)
+    if scores is None:
+        h_band = field.gather(-1, index.expand(*field.shape[:-2], L, window))
+    else:
+        query, key, scale, bias = scores
+        h_band = _band_scores(query, key, window) * scale
+        if isinstance(bias, Tensor) and bias.dim() >= 1 and bias.shape[-1] != 1:  # a bias per key: its band
+            bias = bias.reshape((1,) * (2 - min(bias.dim(), 2)) + tuple(bias.shape))
+            bias = bias.expand(*bias.shape[:-2], L, S).gather(-1, index.expand(*bias.shape[:-2], L, window))
+        h_band = h_band + bias
+    if mask is not None:
+        present = present & mask.expand(*mask.shape[:-2], L, S).gather(-1, index.expand(*mask.shape[:-2], L, window))
+    J = couplings.flip(-1, -2)[:, None]
+    if mask is None and L >= window:  # only the first W - 1 queries have absent slots: full windows go unmasked
+        m_band = torch.cat([window_ising.marginals(h_band[..., :window - 1, :], J, present[:window - 1]),
+                            window_ising.marginals(h_band[..., window - 1:, :], J)], dim=-2)
+    else:
+        m_band = window_ising.marginals(h_band, J, present)  # (B*, H*, L, W), 0 where absent
+    a_band = (m_band + present) * 0.5
+
+    # before the window: independent spins, sigmoid(2h), on keys j <= i - W
+    if mask is None:
+        not_before = _not_before_window(L, S, window, field.device)
+    else:
+        not_before = ~(mask & _before_window(L, S, window, field.device))
+    a_out = torch.sigmoid(2 * field).masked_fill(not_before, 0.0)
+    out = a_out @ value + _band_times_value(a_band, value)
+    if not return_weights:
+        return out, None
+    # scatter the band into a left-padded (..., L, S + W - 1) tensor: column t of row i goes to i + t
+    B, H = out.shape[:2]
+    column = (torch.arange(L, device=field.device)[:, None] + torch.arange(window, device=field.device))
+    padded = a_band.new_zeros(B, H, L, max(S, L) + window - 1).scatter(-1, column.expand(B, H, L, window),
+                                                                         a_band.expand(B, H, L, window))
+    weights = a_out.expand(B, H, L, S) + padded[..., window - 1:window - 1 + S]
+    return out, weights
+
+
+@lru_cache(maxsize=16)
+def _before_window(L: int, S: int, window: int, device) -> Tensor:
+    """(L, S) bool, True for the keys j <= i - W of query i (before its window)."""
+    return torch.ones(L, S, dtype=torch.bool, device=device).tril(-window)
+
+
+@lru_cache(maxsize=16)
+def _not_before_window(L: int, S: int, window: int, device) -> Tensor:
+    return ~_before_window(L, S, window, device)
+
+
+def band_times_value(a_band: Tensor, value: Tensor, block: int = 64) -> Tensor:
+    """sum_a a_band[..., i, a] value[..., i - a, :] (keys before 0 or past S count as 0): (..., L, Ev).
+
+    a_band: (..., L, W) in slot order; value: (..., S, Ev). By blocks of P queries: the band of a block is
+    skewed into a dense (P, P + W - 1) matrix (D[r, r + t] = a_band[r, W - 1 - t], by padding and
+    re-viewing) times the P + W - 1 value rows it touches: one batched GEMM, not a gather of (L, W, Ev).
+    """
+    return _band_times_value(a_band.flip(-1), value, block)
+
+
+def _band_times_value(a_band: Tensor, value: Tensor, block: int = 64) -> Tensor:
+    """band_times_value with the band in column order t = W - 1 - a."""
+    L, W = a_band.shape[-2:]
+    P = min(block, L)
+    blocks = -(-L // P)
+    A = F.pad(a_band, (0, 0, 0, blocks * P - L)).unflatten(-2, (blocks, P))               # (..., n, P, W)
+    D = F.pad(A, (0, P)).flatten(-2)[..., :P * (P + W - 1)].unflatten(-1, (P, P + W - 1))  # skew
+    v = F.pad(value, (0, 0, W - 1, max(0, blocks * P - value.shape[-2])))  # row r: key r - W + 1
+    v = v.unfold(-2, P + W - 1, P)[..., :blocks, :, :].transpose(-1, -2)  # (..., n, P + W - 1, Ev)
+    return (D @ v).flatten(-3, -2)[..., :L, :]
+
+
+def band_scores(query: Tensor, key: Tensor, window: int, block: int = 64) -> Tensor:
+    """q_i.k_{i-a} for slot a of query i (0 where i - a is not a key): (..., L, W) from (..., L, E), (..., S, E).
+
+    By blocks of P queries: one (P, E) x (E, P + W - 1) GEMM with the keys the block touches, then the
+    band is read off the skewed product (A[r, t] = D[r, r + t], by padding and re-viewing).
+    """
+    return _band_scores(query, key, window, block).flip(-1)
+
+
+def _band_scores(query: Tensor, key: Tensor, window: int, block: int = 64) -> Tensor:
+    """band_scores in column order t = W - 1 - a."""
+    L, W = query.shape[-2], window
+    P = min(block, L)
+    blocks = -(-L // P)
+    q = F.pad(query, (0, 0, 0, blocks * P - L)).unflatten(-2, (blocks, P))             # (..., n, P, E)
+    k = F.pad(key, (0, 0, W - 1, max(0, blocks * P - key.shape[-2])))                   # row r: key r - W + 1
+    k = k.unfold(-2, P + W - 1, P)[..., :blocks, :, :]                                  # (..., n, E, P + W - 1)
+    D = q @ k                                                                           # (..., n, P, P + W - 1)
+    A = F.pad(D.flatten(-2), (0, P)).unflatten(-1, (P, P + W))[..., :W]                 # un-skew: A[r, t]
+    return A.flatten(-3, -2)[..., :L, :]
+
+
+class WindowCouplings(nn.Module):
+    """Slot-indexed couplings of a window of W keys, (H, W, W), for any sequence length.
+
+    Free (default): a symmetric J_ab with zero diagonal, W (W - 1) / 2 parameters per head.
+    relative=True: J_ab = f(|a - b|), f(1) .. f(W - 1) learnable, W - 1 parameters per head.
+    """
+
+    def __init__(self, num_heads: int, window: int, relative: bool = False, init_std: float = 0.0):
+        super().__init__()
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"coupling_window must be an integer >= 1, got {window!r}")
+        self.window, self.relative = window, relative
+        shape = (num_heads, window - 1) if relative else (num_heads, window, window)
+        self.weight = nn.Parameter(torch.randn(*shape) * init_std)
+        self.weight._no_weight_decay = True
+        slot = torch.arange(window)
+        # constant index tables (no triu per call: tiny triu calls cost a thread wake-up each on a busy CPU)
+        self.register_buffer("_upper", (slot[:, None] < slot[None, :]).float(), persistent=False)
+        self.register_buffer("_distance", (slot[:, None] - slot[None, :]).abs(), persistent=False)
+
+    def forward(self, length: int | None = None) -> Tensor:
+        """The (H, W, W) couplings; ``length`` is accepted for symmetry with the other couplings and unused."""
+        if self.relative:
+            table = torch.cat([self.weight.new_zeros(self.weight.shape[0], 1), self.weight], dim=1)
+            return table[:, self._distance]
+        upper = self.weight * self._upper.to(self.weight.dtype)
+        return upper + upper.transpose(-1, -2)

@@ -1,0 +1,124 @@
+"""Mean field / TAP with Toeplitz couplings applied as a banded operator: the same fixed point and the same
+implicit gradients as the dense solver, gradcheck, the causal split, the layer, and the errors."""
+
+import pytest
+import torch
+
+from boltzmann_attention import RelativeCouplings, boltzmann_attention
+from boltzmann_attention.ising import meanfield, reference, toeplitz
+
+
+def _inputs(n=23, w=3, scale=0.1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(2, 3, 4, n, dtype=torch.float64, generator=g)
+    profile = scale * torch.randn(3, 1, w, dtype=torch.float64, generator=g)  # one per "head"
+    mask = torch.rand(2, 3, 4, n, generator=g) > 0.25
+    return h, profile, mask
+
+
+def test_dense_is_the_relative_couplings_matrix():
+    rel = RelativeCouplings(2, 5, init_std=1.0)
+    assert toeplitz.Toeplitz(rel.weight.detach()).dense(9).equal(rel(9).detach())
+
+
+@pytest.mark.parametrize("tap", [False, True])
+@pytest.mark.parametrize("block", [4, 64])  # 4: many blocks, couplings across block boundaries (w = 3)
+def test_same_fixed_point_and_gradients_as_the_dense_solver(tap, block):
+    h, profile, mask = _inputs()
+    g = torch.randn_like(h)
+    results = []
+    for structured in (True, False):
+        hh, pp = h.clone().requires_grad_(), profile.clone().requires_grad_()
+        if structured:
+            m = toeplitz.marginals(hh, toeplitz.Toeplitz(pp), mask, tap=tap, tol=1e-12, block=block, damping=0.0)
+        else:
+            m = meanfield.marginals(hh, toeplitz.Toeplitz(pp).dense(h.shape[-1]), None, mask, tap=tap, tol=1e-12,
+                                    damping=0.0)
+        results.append((m, *torch.autograd.grad((m * g).sum(), (hh, pp))))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    assert (results[0][0][~mask] == 0).all()
+
+
+@pytest.mark.parametrize("tap", [False, True])
+def test_gradcheck(tap):
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(2, 7, dtype=torch.float64, generator=g).requires_grad_()
+    profile = (0.3 * torch.randn(2, dtype=torch.float64, generator=g)).requires_grad_()
+    mask = torch.tensor([[True] * 7, [True, False, True, True, True, False, True]])
+
+    def f(h, profile):
+        return toeplitz.marginals(h, toeplitz.Toeplitz(profile), mask, tap=tap, tol=1e-13, block=3)
+
+    assert torch.autograd.gradcheck(f, (h, profile), atol=1e-7)
+
+
+def test_weak_couplings_are_close_to_exact_and_tap_closer():
+    """An independent check of the equations: errors against the brute force shrink like eps^2 (naive), eps^3 (TAP)."""
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(16, 10, dtype=torch.float64, generator=g)
+    profile = torch.randn(3, dtype=torch.float64, generator=g)
+    errors = {}
+    for eps in (0.1, 0.05):
+        T = toeplitz.Toeplitz(eps * profile)
+        exact = reference.marginals(h, T.dense(10))
+        errors[eps] = [float((toeplitz.marginals(h, T, tap=tap, tol=1e-12) - exact).abs().max())
+                       for tap in (False, True)]
+    naive_ratio, tap_ratio = (errors[0.1][i] / errors[0.05][i] for i in (0, 1))
+    assert 3.0 < naive_ratio < 5.5 and 6.0 < tap_ratio < 11.0
+    assert errors[0.05][1] < errors[0.05][0]
+
+
+def test_info_reports_forward_and_backward_iterations():
+    h, profile, mask = _inputs()
+    h.requires_grad_()
+    m, info = toeplitz.solve(h, toeplitz.Toeplitz(profile), mask, damping=0.0, tol=1e-9)
+    assert info.iterations > 1 and info.max_residual < 1e-9 and bool(info.converged.all())
+    assert info.converged.shape == h.shape[:-1] and info.backward_iterations is None
+    m.sum().backward()
+    assert info.backward_iterations >= 1 and info.backward_max_residual is not None
+
+
+def test_causal_rows_in_chunks_equal_one_solve():
+    g = torch.Generator().manual_seed(3)
+    L = 13
+    h = torch.randn(2, 1, L, L, dtype=torch.float64, generator=g)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    T = toeplitz.Toeplitz(0.3 * torch.randn(1, 1, 4, dtype=torch.float64, generator=g))
+    m, infos = toeplitz.causal_marginals(h, T, causal, chunks=3, tol=1e-12)
+    assert len(infos) == 3
+    torch.testing.assert_close(m, toeplitz.marginals(h, T, causal, tol=1e-12), atol=1e-11, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["meanfield", "tap"])
+def test_layer_with_toeplitz_couplings_equals_the_dense_matrix(method):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 9, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    profile = 0.15 * torch.randn(2, 3, dtype=torch.float64, generator=g)
+    options = {"tol": 1e-11, "damping": 0.0}
+    for causal in (True, False):
+        out_t, w_t = boltzmann_attention(q, k, v, couplings=toeplitz.Toeplitz(profile), method=method, is_causal=causal,
+                                         return_weights=True, method_options=options)
+        out_d, w_d = boltzmann_attention(q, k, v, couplings=toeplitz.Toeplitz(profile).dense(9), method=method,
+                                         is_causal=causal, return_weights=True, method_options=options)
+        torch.testing.assert_close(w_t, w_d, atol=1e-10, rtol=0)
+        torch.testing.assert_close(out_t, out_d, atol=1e-10, rtol=0)
+
+
+def test_errors():
+    h, profile, mask = _inputs()
+    q = k = v = torch.randn(1, 3, 5, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="'meanfield' and 'tap'"):
+        boltzmann_attention(q, k, v, couplings=toeplitz.Toeplitz(profile[:, 0]), method="exact")
+    with pytest.raises(ValueError, match=r"shape \(H, w\)"):
+        boltzmann_attention(q, k, v, couplings=toeplitz.Toeplitz(profile), method="meanfield")
+    with pytest.raises(ValueError, match="profile of shape"):
+        toeplitz.Toeplitz(torch.zeros(3, 0))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        toeplitz.Toeplitz(torch.tensor([float("nan")]))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        toeplitz.solve(h, toeplitz.Toeplitz(torch.zeros(5, 1, 3, dtype=torch.float64)))
+    with pytest.raises(ValueError, match="damping"):
+        toeplitz.solve(h, toeplitz.Toeplitz(profile), damping=1.0)
+    with pytest.raises(meanfield.ConvergenceError):
+        toeplitz.solve(h, toeplitz.Toeplitz(3.0 * profile.abs()), max_iter=2, on_fail="raise")

@@ -1,0 +1,279 @@
+"""The coupled window (SCALING.md §2a): exact marginals against the float64 brute force, closed forms,
+masks, gradients, the module at lengths beyond the window, and the errors."""
+
+import math
+
+import pytest
+import torch
+from conftest import symmetric_couplings
+
+from boltzmann_attention import BoltzmannAttention, boltzmann_attention
+from boltzmann_attention.coupled_window import WindowCouplings, band_scores, band_times_value
+from boltzmann_attention.ising import reference
+from boltzmann_attention.ising import window as window_ising
+
+
+def _qkv(B=2, H=2, L=7, S=None, E=4, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    S = L if S is None else S
+    return (torch.randn(B, H, L, E, dtype=dtype, generator=g), torch.randn(B, H, S, E, dtype=dtype, generator=g),
+            torch.randn(B, H, S, 3, dtype=dtype, generator=g))
+
+
+def _positional_reference(h, J, window, mask=None):
+    """Weights of the window model by brute force: query i's spins are its keys j <= i (present under mask),
+    with J_pos[j, k] = J[i - j, i - k] when both are in the window (i - W < j, k <= i), else 0.
+
+    h: (B, H, L, S) float64; J: (H, W, W); mask: bool broadcastable to (B, H, L, S) or None.
+    """
+    B, H, L, S = h.shape
+    i, j = torch.arange(L)[:, None], torch.arange(S)[None, :]
+    d = i - j                                                   # slot of key j for query i
+    in_window = (d >= 0) & (d < window)
+    slot = d.clamp(0, window - 1)
+    J_pos = J[:, slot[:, :, None], slot[:, None, :]]            # (H, L, S, S)
+    J_pos = J_pos * (in_window[:, :, None] & in_window[:, None, :])
+    present = (d >= 0).expand(B, H, L, S)
+    if mask is not None:
+        present = present & mask
+    m = reference.marginals(h, J_pos[None], mask=present)
+    return (m + 1) / 2 * present
+
+
+def _random_window_J(H, W, scale=0.8, seed=1):
+    return symmetric_couplings(W, H, scale=scale, generator=torch.Generator().manual_seed(seed))
+
+
+# --- the window system itself ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("W", [1, 2, 3, 5, 6])
+def test_window_marginals_are_reference_marginals_with_absent_slots(W):
+    g = torch.Generator().manual_seed(W)
+    h = 1.5 * torch.randn(3, 11, W, dtype=torch.float64, generator=g)
+    J = symmetric_couplings(W, 3, 1, scale=1.0, generator=g)     # one J per group, shared by its 11 queries
+    present = torch.rand(3, 11, W, generator=g) > 0.35
+    present[0, 0] = False                                        # no spin at all
+    present[0, 1] = True                                         # every spin
+    m = window_ising.marginals(h, J, present)
+    expected = reference.marginals(h, J, mask=present)
+    torch.testing.assert_close(m, expected, atol=1e-12, rtol=0)
+    assert (m[~present] == 0).all()
+
+
+def test_window_of_sixteen_matches_reference():
+    """The target size (W = 16: two 256-configuration halves), a few queries, float64."""
+    g = torch.Generator().manual_seed(16)
+    h = torch.randn(2, 3, 16, dtype=torch.float64, generator=g)
+    J = symmetric_couplings(16, 2, 1, scale=0.3, generator=g)
+    present = torch.ones(2, 3, 16, dtype=torch.bool)
+    present[1, 2, 10:] = False
+    torch.testing.assert_close(window_ising.marginals(h, J, present), reference.marginals(h, J, mask=present),
+                               atol=1e-12, rtol=0)
+
+
+def test_window_underflow_is_recomputed_in_log_space():
+    """Fields fighting strong couplings make Z underflow in float32: those rows go through the fallback."""
+    g = torch.Generator().manual_seed(3)
+    W = 6
+    J = symmetric_couplings(W, 1, 1, scale=1.0, generator=g)
+    J = 40.0 * J.sign() * (J != 0)                               # |J| = 40: the table spans e^±600
+    h = 60.0 * torch.randn(1, 5, W, dtype=torch.float64, generator=g)
+    present = torch.ones(1, 5, W, dtype=torch.bool)
+    present[0, 4, :2] = False
+    expected = reference.marginals(h, J, mask=present)
+    m32 = window_ising.marginals(h.float(), J.float(), present)
+    assert torch.isfinite(m32).all()
+    torch.testing.assert_close(m32.double(), expected, atol=1e-5, rtol=0)
+
+
+def test_window_gradcheck_h_and_J():
+    g = torch.Generator().manual_seed(4)
+    W = 5
+    h = torch.randn(1, 3, W, dtype=torch.float64, generator=g).requires_grad_()
+    A = torch.randn(1, W, W, dtype=torch.float64, generator=g).requires_grad_()
+    present = torch.tensor([[[True] * W, [True, False, True, True, False], [False, True, True, False, True]]])
+
+    upper = torch.ones(W, W, dtype=torch.float64).triu(1)  # once: tiny triu calls are slow on a busy CPU
+
+    def f(h, A):
+        J = A * upper + (A * upper).transpose(-1, -2)
+        return window_ising.marginals(h, J, present)
+
+    assert torch.autograd.gradcheck(f, (h, A))
+
+
+# --- the attention layer --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("W", [7, 9])
+def test_window_covering_the_sequence_is_the_papers_model(W):
+    """W >= T: every visible key is in the window, so this is the paper's model with J_pos[j, k] = J[i-j, i-k]."""
+    q, k, v = _qkv(L=7)
+    J = _random_window_J(2, W)
+    bias = torch.tensor([-0.4, 0.3], dtype=torch.float64).view(2, 1, 1)
+    out, w = boltzmann_attention(q, k, v, couplings=J, coupling_window=W, is_causal=True, bias=bias, scale=0.7,
+                                 return_weights=True)
+    h = q @ k.transpose(-1, -2) * 0.7 + bias
+    expected = _positional_reference(h, J, W)
+    torch.testing.assert_close(w, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, expected @ v, atol=1e-12, rtol=0)
+
+
+def test_short_window_is_sigmoid_before_the_window():
+    """W < T: keys before the window are independent spins; the reference sees the same model by positions."""
+    q, k, v = _qkv(L=9, E=3)
+    W = 4
+    J = _random_window_J(2, W)
+    bias = 0.3 * torch.randn(1, 2, 9, 9, dtype=torch.float64)     # a bias per key: gathered into the band
+    out, w = boltzmann_attention(q, k, v, couplings=J, coupling_window=W, is_causal=True, bias=bias,
+                                 return_weights=True)
+    h = q @ k.transpose(-1, -2) / math.sqrt(3) + bias
+    expected = _positional_reference(h, J, W)
+    torch.testing.assert_close(w, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, expected @ v, atol=1e-12, rtol=0)
+    before = torch.ones(9, 9, dtype=torch.bool).tril(-W)
+    torch.testing.assert_close(w[..., before], torch.sigmoid(2 * h)[..., before], atol=1e-14, rtol=0)
+
+
+@pytest.mark.parametrize("W", [1, 3, 16])
+def test_zero_couplings_give_sigmoid_attention(W):
+    q, k, v = _qkv(L=10)
+    J = torch.zeros(2, W, W, dtype=torch.float64)
+    out, w = boltzmann_attention(q, k, v, couplings=J, coupling_window=W, is_causal=True, bias=-0.5,
+                                 return_weights=True)
+    expected = torch.sigmoid(2 * (q @ k.transpose(-1, -2) / 2 - 0.5)).tril()
+    torch.testing.assert_close(w, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, expected @ v, atol=1e-12, rtol=0)
+
+
+def test_masked_keys_are_absent_spins():
+    q, k, v = _qkv(L=8)
+    W = 5
+    J = _random_window_J(2, W)
+    mask = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(5)) > 0.3
+    mask[0, 0, 6] = False                                         # a query that sees no key
+    out, w = boltzmann_attention(q, k, v, couplings=J, coupling_window=W, is_causal=True, attn_mask=mask,
+                                 return_weights=True)
+    expected = _positional_reference(q @ k.transpose(-1, -2) / 2, J, W, mask)
+    torch.testing.assert_close(w, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, expected @ v, atol=1e-12, rtol=0)
+    assert (w[0, :, 6] == 0).all() and (out[0, :, 6] == 0).all()
+
+
+def test_long_sequence_in_blocks_matches_the_band_computed_directly():
+    """L = 150 (three blocks of 64, the last partial) and S > L: the blocked band products against a plain
+    gather, and the layer against reference marginals of each query's window plus sigmoid before it."""
+    q, k, v = _qkv(B=1, H=2, L=150, S=157, E=3)
+    W = 4
+    i = torch.arange(150)[:, None] - torch.arange(W)[None, :]
+    valid, index = i >= 0, i.clamp(0)
+    direct = (q[:, :, :, None, :] * k[:, :, index]).sum(-1) * valid
+    torch.testing.assert_close(band_scores(q, k, W), direct, atol=1e-12, rtol=0)
+    a = torch.randn(1, 2, 150, W, dtype=torch.float64) * valid
+    torch.testing.assert_close(band_times_value(a, v), (a[..., None] * v[:, :, index]).sum(-2), atol=1e-12, rtol=0)
+
+    J = _random_window_J(2, W)
+    out, w = boltzmann_attention(q, k, v, couplings=J, coupling_window=W, is_causal=True, return_weights=True)
+    h = q @ k.transpose(-1, -2) / math.sqrt(3)
+    m_band = reference.marginals(h.gather(-1, index.expand(1, 2, 150, W)), J[:, None], mask=valid.expand(1, 2, 150, W))
+    expected = torch.sigmoid(2 * h) * torch.ones(150, 157, dtype=torch.bool).tril(-W)
+    rows = torch.arange(150)
+    for a in range(W):                                          # slot a of query i is key i - a
+        ok = rows >= a
+        expected[:, :, rows[ok], rows[ok] - a] = (m_band[:, :, ok, a] + 1) / 2
+    torch.testing.assert_close(w, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, expected @ v, atol=1e-12, rtol=0)
+
+
+def test_gradcheck_through_q_k_v_and_J_with_a_mask():
+    q, k, v = (x.clone().requires_grad_() for x in _qkv(B=1, H=1, L=5, E=2))
+    A = torch.randn(1, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(6)).requires_grad_()
+    mask = torch.rand(1, 1, 5, 5, generator=torch.Generator().manual_seed(7)) > 0.25
+
+    upper = torch.ones(3, 3, dtype=torch.float64).triu(1)
+
+    def f(q, k, v, A):
+        J = A * upper + (A * upper).transpose(-1, -2)
+        return boltzmann_attention(q, k, v, couplings=J, coupling_window=3, is_causal=True, attn_mask=mask,
+                                   bias=-0.2)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, A))
+
+
+def test_mode_J_uses_the_bias_alone():
+    q, k, v = _qkv(L=6)
+    J = _random_window_J(2, 3)
+    bias = torch.randn(2, 1, 6, dtype=torch.float64)              # a field per key and head
+    out, w = boltzmann_attention(q, k, v, couplings=J, coupling_window=3, mode="J", is_causal=True, bias=bias,
+                                 return_weights=True)
+    expected = _positional_reference(bias.expand(2, 2, 6, 6).clone(), J, 3)
+    torch.testing.assert_close(w, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, expected @ v, atol=1e-12, rtol=0)
+
+
+# --- the module -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_module_window_at_a_length_beyond_the_window_and_max_len(relative):
+    torch.manual_seed(0)
+    layer = BoltzmannAttention(8, 2, max_len=4, coupling="window", coupling_window=3, coupling_init_std=0.5,
+                               coupling_window_relative=relative).double()
+    x = torch.randn(2, 11, 8, dtype=torch.float64)
+    padding = torch.zeros(2, 11, dtype=torch.bool)
+    padding[1, 8:] = True
+    out, w = layer(x, key_padding_mask=padding, need_weights=True)
+    J = layer.couplings()
+    assert J.shape == (2, 3, 3)
+    if relative:
+        assert J[:, 0, 1].equal(J[:, 1, 2]) and J[:, 0, 2].ne(J[:, 0, 1]).all()
+    q, k = layer._heads(layer.query(x)), layer._heads(layer.key(x))
+    h = q @ k.transpose(-1, -2) / 2 + layer.field_bias.view(-1, 1, 1)
+    expected = _positional_reference(h.detach(), J.detach(), 3, ~padding[:, None, None, :])
+    torch.testing.assert_close(w, expected, atol=1e-12, rtol=0)
+    out.sum().backward()
+    assert layer.couplings.weight.grad.abs().sum() > 0
+    assert layer.couplings.weight._no_weight_decay
+
+
+def test_window_couplings_are_symmetric_with_zero_diagonal():
+    free, rel = WindowCouplings(3, 5, init_std=1.0), WindowCouplings(3, 5, relative=True, init_std=1.0)
+    for J in (free(), rel()):
+        assert J.shape == (3, 5, 5)
+        assert J.equal(J.transpose(-1, -2)) and (J.diagonal(dim1=-2, dim2=-1) == 0).all()
+    assert sum(p.numel() for p in rel.parameters()) == 3 * 4
+
+
+# --- errors ---------------------------------------------------------------------------------------------
+
+def test_errors_name_the_problem():
+    q, k, v = _qkv(L=5)
+    J = _random_window_J(2, 3)
+    with pytest.raises(ValueError, match=r"W <= 24.*banded"):
+        boltzmann_attention(q, k, v, couplings=torch.zeros(2, 25, 25, dtype=torch.float64), coupling_window=25,
+                            is_causal=True)
+    with pytest.raises(ValueError, match="W <= 12"):
+        boltzmann_attention(q, k, v, couplings=torch.zeros(2, 13, 13, dtype=torch.float64), coupling_window=13,
+                            is_causal=True, method_options={"max_spins": 12})
+    for bad in (0, -2, True, 2.0):
+        with pytest.raises(ValueError, match="integer >= 1"):
+            boltzmann_attention(q, k, v, couplings=J, coupling_window=bad, is_causal=True)
+    with pytest.raises(ValueError, match=r"shape \(H, 4, 4\)"):
+        boltzmann_attention(q, k, v, couplings=J, coupling_window=4, is_causal=True)
+    with pytest.raises(ValueError, match="symmetric"):
+        boltzmann_attention(q, k, v, couplings=J + torch.eye(3, dtype=torch.float64).roll(1, 0), coupling_window=3,
+                            is_causal=True)
+    with pytest.raises(ValueError, match="is_causal=True"):
+        boltzmann_attention(q, k, v, couplings=J, coupling_window=3)
+    with pytest.raises(ValueError, match="'exact' only"):
+        boltzmann_attention(q, k, v, couplings=J, coupling_window=3, is_causal=True, method="meanfield")
+    with pytest.raises(ValueError, match="needs `couplings`"):
+        boltzmann_attention(q, k, v, coupling_window=3, is_causal=True)
+    with pytest.raises(ValueError, match="go together"):
+        BoltzmannAttention(8, 2, max_len=8, coupling="window")
+    with pytest.raises(ValueError, match="go together"):
+        BoltzmannAttention(8, 2, max_len=8, coupling_window=3)
+    with pytest.raises(ValueError, match="W <= 24"):
+        BoltzmannAttention(8, 2, max_len=8, coupling="window", coupling_window=30)
+    with pytest.raises(ValueError, match="three-body"):
+        BoltzmannAttention(8, 2, max_len=8, mode="h+J+K", coupling="window", coupling_window=3)
+    with pytest.raises(ValueError, match="is_causal=True"):
+        BoltzmannAttention(8, 2, max_len=8, causal=False, coupling="window", coupling_window=3)
