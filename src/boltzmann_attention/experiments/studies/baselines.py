@@ -71,11 +71,12 @@ def _grid(T: int, modes, seeds, init: str, lr: float = BASE_LR, steps: int = 400
 
 
 def baselines_grids(field_bias: str) -> list[Grid]:
-    """The four stages in the order they run (a stage whose decision is not made yet has no grid)."""
+    """The stages in the order they run: init, the nanoGPT check (before any further comparison), learning
+    rates, training length (a stage whose decision is not made yet has no grid)."""
     grids = [_grid(T, MODES, INIT_SEEDS, init) for T in INIT_TS for init in INITS]
-    grids += [_grid(T, MODES, SEEDS, CHOSEN_INIT, lr) for T in INIT_TS for lr in LEARNING_RATES if lr != BASE_LR]
     grids.append(Grid(("shakespeare",), (NANOGPT_T,), modes=("softmax",), seeds=SEEDS, variant=NANOGPT_VARIANT,
                       overrides=NANOGPT))
+    grids += [_grid(T, MODES, SEEDS, CHOSEN_INIT, lr) for T in INIT_TS for lr in LEARNING_RATES if lr != BASE_LR]
     for steps in STEPS[1:]:
         grids += [_grid(CONVERGENCE_T, (mode,), SEEDS, CHOSEN_INIT, lr, steps) for mode, lr in BEST_LR.items()]
     return with_field_bias(grids, field_bias)
@@ -144,13 +145,16 @@ def init_section(res: Results) -> list[str]:
                 if not a and not b:
                     continue
                 soft = {i: _values(_get(res, T, "softmax", variant(i)), metric) for i in ("torch", "gpt2")}
+                h_gpt2 = _values(_get(res, T, "h", variant("gpt2")), metric)
                 cells.append([str(T), mode, fmt_stat(stat(a.values())), fmt_stat(stat(b.values())),
                               paired(a, b, relative) if a and b else None,
                               paired(soft["torch"], a, relative) if mode != "softmax" and a else None,
-                              paired(soft["gpt2"], b, relative) if mode != "softmax" and b else None])
+                              paired(soft["gpt2"], b, relative) if mode != "softmax" and b else None,
+                              paired(h_gpt2, b, relative) if mode == "h+J" and b and h_gpt2 else None])
         lines += [f"### {name.capitalize()}", "",
                   table_with_holm(["T", "mode", "torch PPL", "gpt2 PPL", "gpt2 vs torch, Δ%",
-                                   "vs softmax (torch), Δ%", "vs softmax (gpt2), Δ%"], cells), ""]
+                                   "vs softmax (torch), Δ%", "vs softmax (gpt2), Δ%", "what J adds: vs h (gpt2), Δ%"],
+                                  cells), ""]
     means = {}
     for init in INITS:
         per_T = [stat(_values(_get(res, T, "softmax", variant(init))).values()) for T in INIT_TS]
