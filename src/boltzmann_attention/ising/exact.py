@@ -393,6 +393,9 @@ def _exp_floor(dtype: torch.dtype) -> float:
     return math.log(torch.finfo(dtype).tiny) + 1.0
 
 
+_DENORMAL_PROBE = (torch.tensor(1e-30), torch.tensor(1e-10))  # their product is 0 when denormals are flushed
+
+
 @contextmanager
 def _no_denormals(device: torch.device):
     """Flush denormals to zero on this CPU thread for the duration (restored after).
@@ -400,7 +403,7 @@ def _no_denormals(device: torch.device):
     The weights u, K, v lie in [tiny, 1] and their products, ignored next to Z >= sqrt(tiny), often fall
     below tiny: denormal arithmetic is ~40x slower on x86. Flushing them changes Z by < 2^n tiny.
     """
-    if device.type != "cpu" or bool(torch.tensor(1e-30) * torch.tensor(1e-10) == 0):  # not CPU, or on already
+    if device.type != "cpu" or bool(_DENORMAL_PROBE[0] * _DENORMAL_PROBE[1] == 0):  # not CPU, or on already
         yield
         return
     torch.set_flush_denormal(True)
