@@ -44,6 +44,10 @@ largest size with free spins (zero field and couplings: <s> = 0 exactly, a facto
 out of log Z); the buckets minimise a cost model of per-call overhead plus 2^size work. Other masks go
 pattern by pattern.
 
+Small pairwise systems (n <= _ENUMERATED_SPINS = 8, within one table block and one query chunk) skip the
+split: the 2^n log-weights h.s + s.J.s / 2 of all states and a softmax, a dozen operations in all (n 2^n
+work per query instead of 2^n, cheaper than the split's per-operation overhead at these sizes).
+
 Limit: ``max_spins`` (default 24) present spins per query. The table holds 2^n entries per group
 (64 MB in float32 at n = 24) and the work per query is 2 * 2^n MACs.
 """
