@@ -479,22 +479,25 @@ def _contract_forward(log_u, log_v, left, right, SA, SB):
     table = _Table(left, right)
     floor = table.floor
     log_u = log_u + table.row_max[:, None, :]
-    u = (log_u - log_u.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
-    v = (log_v - log_v.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
+    shift_u, shift_v = log_u.amax(-1, keepdim=True), log_v.amax(-1, keepdim=True)
+    u = log_u.sub_(shift_u).clamp_(min=floor).exp_()
+    v = (log_v - shift_v).clamp_(min=floor).exp_()
     kv, ku = table.products(u, v)
-    z = (u * kv).sum(-1)
+    pa = u * kv
+    z = pa.sum(-1)
     ok = z > torch.finfo(z.dtype).tiny ** 0.5  # False for NaN too
     if not bool(ok.all()):  # keep NaN / inf of bad rows (and tables) out of the results and gradients
         table.sanitise = True
         u = torch.where(ok[..., None], u, 0.0).nan_to_num_(0.0, 0.0, 0.0)
         v = torch.where(ok[..., None], v, 0.0).nan_to_num_(0.0, 0.0, 0.0)
         kv, ku = table.products(u, v)
+        pa = u * kv
         z = torch.where(ok, z, 1.0)
     r = 1.0 / z
-    pa = u * kv * r[..., None]  # marginal distribution of half A, (G, q, 2^a)
-    pb = v * ku * r[..., None]  # of half B, (G, q, 2^b)
+    pa = pa.mul_(r[..., None])  # marginal distribution of half A, (G, q, 2^a)
+    pb = (v * ku).mul_(r[..., None])  # of half B, (G, q, 2^b)
     m = torch.cat([pa @ SA, pb @ SB], dim=-1)
-    logz = torch.where(ok, torch.log(z) + log_u.amax(-1) + log_v.amax(-1), 0.0)
+    logz = torch.where(ok, torch.log(z) + shift_u.squeeze(-1) + shift_v.squeeze(-1), 0.0)
     return m, logz, ok, (table, u, v, r, pa, pb, m, SA, SB)
 
 
