@@ -131,7 +131,7 @@ def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor
         sorted_which, order = torch.sort(which, dim=1, stable=True)
         if bool((sorted_which == _pattern_ids(P, Q // P, h.device)).all()):
             if K is None:
-                m, logz, ok = _Pairwise.apply(h, J, _Plan(patterns, order, h.dtype))
+                m, logz, ok = _Pairwise.apply(h, J, _plan(patterns, order, h.dtype))
                 return _checked(m, logz, ok, h, J, K, mask)
             return _patterns_bucketed(h, J, K, patterns, order)
     return _patterns_one_by_one(h, J, K, patterns, which.reshape(-1))
@@ -186,24 +186,44 @@ class _Plan:
     """Buckets of mask patterns by size, for ``_Pairwise``; ``order`` (G, Q) sorts each group's queries by
     pattern (q = Q / P per pattern).
 
-    The queries are taken in the order of their patterns' sizes (``order``, with ``unsort`` its inverse),
-    so that a bucket is a contiguous range [start, end) of patterns: (start, end, idx (nb, L) spin indices,
-    present spins first (ascending) then n for padding, free (nb,) log 2 per padded spin, flat (nb L L,)
-    indices of the sub-J's entries in the padded (n + 1)^2 J). Patterns without a present spin come
-    first, in no bucket (marginals 0, log Z 0). The buckets depend on the patterns only and are cached.
+    Each bucket: (nb, L, free (nb,) log 2 per padded spin, flat (nb L L,) indices of the sub-J's entries in
+    the padded (n + 1)^2 J, hidx (G, nb q L) indices of the sub-h's entries in the padded (G, Q (n + 1)) h,
+    qidx (G, nb q) its queries). In a bucket padded to L spins, each pattern's present spins come first
+    (ascending), then the padding index n: h, the marginals and their gradients move by one gather or
+    scatter each. Patterns without a present spin are in no bucket (marginals 0, log Z 0).
     """
 
-    def __init__(self, patterns: Tensor, order: Tensor, dtype: torch.dtype):
+    def __init__(self, patterns: Tensor, order: Tensor, dtype: torch.dtype, key: tuple):
         G, Q = order.shape
         P, n = patterns.shape
-        self.P, self.q = P, Q // P
-        key = tuple(patterns.flatten().tolist())
-        perm, self.buckets = _plan_buckets(key, P, n, G * self.q, (_CALL_OVERHEAD, _TABLE_COST, _ENUMERATED_SPINS),
-                                           dtype, patterns.device)
+        self.order, self.q = order, Q // P
+        perm, buckets = _plan_buckets(key, P, n, G * self.q, (_CALL_OVERHEAD, _TABLE_COST, _ENUMERATED_SPINS),
+                                      dtype, patterns.device)
+        rows = order.view(G, P, self.q)
         if perm is not None:  # by size (a causal mask's patterns already are)
-            order = order.view(G, P, self.q)[:, perm].reshape(G, Q)
-        self.order = order
-        self.unsort = torch.empty_like(order).scatter_(1, order, _pattern_ids(Q, 1, order.device).expand(G, Q))
+            rows = rows[:, perm]
+        self.buckets = []
+        for start, end, idx, free, flat in buckets:
+            nb, L = idx.shape
+            sel = rows[:, start:end]  # (G, nb, q)
+            hidx = (sel[..., None] * (n + 1) + idx[None, :, None, :]).reshape(G, nb * self.q * L)
+            self.buckets.append((nb, L, free, flat, hidx, sel.reshape(G, nb * self.q)))
+
+
+_PLANS: dict = {}  # recent plans by patterns, shapes and dtype; reused while the queries' order is the same
+
+
+def _plan(patterns: Tensor, order: Tensor, dtype: torch.dtype) -> _Plan:
+    """The ``_Plan`` of these patterns and query order, cached (a causal mask gives the same one each call)."""
+    key = tuple(patterns.flatten().tolist())
+    cache_key = (key, patterns.shape, order.shape, dtype, order.device,
+                 (_CALL_OVERHEAD, _TABLE_COST, _ENUMERATED_SPINS))
+    plan = _PLANS.get(cache_key)
+    if plan is None or not torch.equal(plan.order, order):
+        plan = _PLANS[cache_key] = _Plan(patterns, order, dtype, key)
+        while len(_PLANS) > 8:
+            del _PLANS[next(iter(_PLANS))]
+    return plan
 
 
 @lru_cache(maxsize=256)
@@ -674,26 +694,21 @@ class _Pairwise(torch.autograd.Function):
             ctx.mark_non_differentiable(ok)
             return m, logz, ok
         G, Q, n = h.shape
-        P, q = plan.P, plan.q
-        hs = F.pad(h.gather(1, plan.order[..., None].expand(G, Q, n)), (0, 1)).view(G, P, q, n + 1)
+        q = plan.q
+        h_flat = F.pad(h, (0, 1)).view(G, Q * (n + 1))  # padding column n: zero field
         J_flat = F.pad(J, (0, 1, 0, 1)).view(G, (n + 1) ** 2)
-        m_s, logz_s = h.new_zeros(G, P, q, n + 1), h.new_zeros(G, P, q)  # by pattern, padding column n
-        ok_s = torch.ones(G, P, q, dtype=torch.bool, device=h.device)
+        m_out, logz_out = h.new_zeros(G, Q * (n + 1)), h.new_zeros(G, Q)
+        ok_out = torch.ones(G, Q, dtype=torch.bool, device=h.device)
         ctx.saved = []
-        for start, end, idx, free, flat in plan.buckets:
-            nb, L = idx.shape
-            at = idx[None, :, None, :].expand(G, nb, q, L)
-            sub_J = J_flat.index_select(1, flat).view(G * nb, L, L)
-            m, logz, ok, saved = _pairwise_forward(hs[:, start:end].gather(3, at).reshape(G * nb, q, L), sub_J)
-            m_s[:, start:end].scatter_(3, at, m.view(G, nb, q, L))
-            logz_s[:, start:end] = logz.view(G, nb, q) - free[:, None]
-            ok_s[:, start:end] = ok.view(G, nb, q)
+        for nb, L, free, flat, hidx, qidx in plan.buckets:
+            m, logz, ok, saved = _pairwise_forward(h_flat.gather(1, hidx).view(G * nb, q, L),
+                                                   J_flat.index_select(1, flat).view(G * nb, L, L))
+            m_out.scatter_(1, hidx, m.reshape(G, -1))  # the padding column n is dropped below
+            logz_out.scatter_(1, qidx, (logz.view(G, nb, q) - free[:, None]).view(G, -1))
+            ok_out.scatter_(1, qidx, ok.reshape(G, -1))
             ctx.saved.append(saved)
-        unsort = plan.unsort
-        ok = ok_s.view(G, Q).gather(1, unsort)
-        ctx.mark_non_differentiable(ok)
-        m = m_s.view(G, Q, n + 1).gather(1, unsort[..., None].expand(G, Q, n))  # drops the padding column
-        return m, logz_s.view(G, Q).gather(1, unsort), ok
+        ctx.mark_non_differentiable(ok_out)
+        return m_out.view(G, Q, n + 1)[..., :n], logz_out, ok_out
 
     @staticmethod
     def _backward(ctx, grad_m, grad_logz):
@@ -702,21 +717,17 @@ class _Pairwise(torch.autograd.Function):
             grad_h, grad_J = _pairwise_backward(ctx.saved, grad_m, grad_logz, J_grad)
             return grad_h, grad_J, None
         G, Q, n = grad_m.shape
-        plan = ctx.plan
-        P, q = plan.P, plan.q
-        gm_s = F.pad(grad_m.gather(1, plan.order[..., None].expand(G, Q, n)), (0, 1)).view(G, P, q, n + 1)
-        gz_s = grad_logz.gather(1, plan.order).view(G, P, q)
-        gh_s = grad_m.new_zeros(G, P, q, n + 1)
+        q = ctx.plan.q
+        gm_flat = F.pad(grad_m, (0, 1)).view(G, Q * (n + 1))
+        grad_h = grad_m.new_zeros(G, Q * (n + 1))
         grad_J = grad_m.new_zeros(G, (n + 1) ** 2) if J_grad else None
-        for (start, end, idx, _, flat), saved in zip(plan.buckets, ctx.saved):
-            nb, L = idx.shape
-            at = idx[None, :, None, :].expand(G, nb, q, L)
-            gh, gJ = _pairwise_backward(saved, gm_s[:, start:end].gather(3, at).reshape(G * nb, q, L),
-                                        gz_s[:, start:end].reshape(G * nb, q), J_grad)
-            gh_s[:, start:end].scatter_(3, at, gh.view(G, nb, q, L))
+        for (nb, L, _, flat, hidx, qidx), saved in zip(ctx.plan.buckets, ctx.saved):
+            gh, gJ = _pairwise_backward(saved, gm_flat.gather(1, hidx).view(G * nb, q, L),
+                                        grad_logz.gather(1, qidx).view(G * nb, q), J_grad)
+            grad_h.scatter_(1, hidx, gh.reshape(G, -1))
             if J_grad:  # sum over the patterns' sub-J (index_put_ with accumulate sorts: slow)
                 grad_J.scatter_add_(1, flat.expand(G, -1), gJ.reshape(G, -1))
-        grad_h = gh_s.view(G, Q, n + 1).gather(1, plan.unsort[..., None].expand(G, Q, n))
+        grad_h = grad_h.view(G, Q, n + 1)[..., :n]
         return grad_h, grad_J.view(G, n + 1, n + 1)[:, :n, :n] if J_grad else None, None
 
 
