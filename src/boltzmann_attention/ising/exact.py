@@ -123,18 +123,38 @@ def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor
     if J is None and K is None:  # independent spins: the closed form, absent spins removed
         present = mask.to(h.dtype)
         return torch.tanh(h) * present, (_log_2cosh(h) * present).sum(-1)
-    G, Q, n = h.shape
+    patterns, which, order = _mask_patterns(mask)
+    if _BUCKETED and order is not None:
+        if K is None:
+            m, logz, ok = _Pairwise.apply(h, J, _plan(patterns, order, h.dtype))
+            return _checked(m, logz, ok, h, J, K, mask)
+        return _patterns_bucketed(h, J, K, patterns, order)
+    return _patterns_one_by_one(h, J, K, patterns, which.reshape(-1))
+
+
+_MASKS: dict = {}  # recent masks by shape and device: (mask, its _mask_patterns)
+
+
+def _mask_patterns(mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Distinct rows (P, n) of a (G, Q, n) mask, the pattern of each query (G, Q), and ``order`` (G, Q)
+    sorting each group's queries by pattern when every group has Q / P queries of each (else None).
+    Cached: a causal mask is the same every call, and one comparison replaces the unique and the sort."""
+    G, Q, n = mask.shape
+    key = (mask.shape, mask.device)
+    if key in _MASKS and torch.equal(_MASKS[key][0], mask):
+        return _MASKS[key][1]
     patterns, which = _unique_rows(mask.reshape(-1, n))
     P = len(patterns)
     which = which.view(G, Q)
-    if _BUCKETED and Q % P == 0:
+    order = None
+    if Q % P == 0:
         sorted_which, order = torch.sort(which, dim=1, stable=True)
-        if bool((sorted_which == _pattern_ids(P, Q // P, h.device)).all()):
-            if K is None:
-                m, logz, ok = _Pairwise.apply(h, J, _plan(patterns, order, h.dtype))
-                return _checked(m, logz, ok, h, J, K, mask)
-            return _patterns_bucketed(h, J, K, patterns, order)
-    return _patterns_one_by_one(h, J, K, patterns, which.reshape(-1))
+        if not bool((sorted_which == _pattern_ids(P, Q // P, mask.device)).all()):
+            order = None
+    _MASKS[key] = (mask.clone(), (patterns, which, order))
+    while len(_MASKS) > 8:
+        del _MASKS[next(iter(_MASKS))]
+    return patterns, which, order
 
 
 def _unique_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -219,7 +239,7 @@ def _plan(patterns: Tensor, order: Tensor, dtype: torch.dtype) -> _Plan:
     cache_key = (key, patterns.shape, order.shape, dtype, order.device,
                  (_CALL_OVERHEAD, _TABLE_COST, _ENUMERATED_SPINS))
     plan = _PLANS.get(cache_key)
-    if plan is None or not torch.equal(plan.order, order):
+    if plan is None or not (plan.order is order or torch.equal(plan.order, order)):
         plan = _PLANS[cache_key] = _Plan(patterns, order, dtype, key)
         while len(_PLANS) > 8:
             del _PLANS[next(iter(_PLANS))]
