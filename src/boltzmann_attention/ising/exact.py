@@ -369,11 +369,21 @@ def _split(h: Tensor, J: Tensor | None, K: Tensor | None):
 def _checked(m, logz, ok, h, J, K, mask=None):
     """Rows that underflowed (ok False), and float32 rows whose energy scale exceeds
     _FLOAT32_SCALE_LIMIT, recomputed by the float64 fallback."""
-    if h.dtype != torch.float64:  # float32 rounding of large log-weights: solve those rows in float64
-        ok = ok & (_energy_scale(h, J, K) <= _FLOAT32_SCALE_LIMIT)
+    if h.dtype != torch.float64 and _energy_bound(h, J, K) > _FLOAT32_SCALE_LIMIT:  # rounding of large
+        ok = ok & (_energy_scale(h, J, K) <= _FLOAT32_SCALE_LIMIT)  # log-weights: solve those rows in float64
     if not bool(ok.all()):
         m, logz = _log_domain_fallback(m, logz, ok, h, J, K, mask)
     return m, logz
+
+
+def _energy_bound(h: Tensor, J: Tensor | None, K: Tensor | None) -> float:
+    """A bound on every query's ``_energy_scale`` in a few reductions (n max |h| + sum |J| / 2 + sum |K| / 6
+    over all groups): the per-query scales are needed only when it exceeds the limit."""
+    bound = float(h.detach().abs().amax()) * h.shape[-1] if h.numel() else 0.0
+    for x, d in ((J, 2), (K, 6)):
+        if x is not None:
+            bound += float(x.detach().abs().sum()) / d
+    return bound
 
 
 def _energy_scale(h: Tensor, J: Tensor | None, K: Tensor | None) -> Tensor:
