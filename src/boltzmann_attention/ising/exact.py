@@ -44,6 +44,10 @@ largest size with free spins (zero field and couplings: <s> = 0 exactly, a facto
 out of log Z); the buckets minimise a cost model of per-call overhead plus 2^size work. Other masks go
 pattern by pattern.
 
+Small pairwise systems (n <= _ENUMERATED_SPINS = 8, within one table block and one query chunk) skip the
+split: the 2^n log-weights h.s + s.J.s / 2 of all states and a softmax, a dozen operations in all (n 2^n
+work per query instead of 2^n, cheaper than the split's per-operation overhead at these sizes).
+
 Limit: ``max_spins`` (default 24) present spins per query. The table holds 2^n entries per group
 (64 MB in float32 at n = 24) and the work per query is 2 * 2^n MACs.
 """
@@ -70,6 +74,7 @@ _CALL_OVERHEAD = 2**21
 _TABLE_COST = 8
 _BUCKETED = True  # False: every mask pattern is its own call (tests compare the two paths)
 _BLOCK_ELEMENTS = 2**18  # table entries per block of the table's passes (1 MB in float32: stays in cache)
+_ENUMERATED_SPINS = 8  # pairwise systems up to this size (and within one block and chunk) skip the split
 _FLOAT32_SCALE_LIMIT = 2.0**13  # energy scale above which lower-precision rows are solved in float64
 
 
@@ -118,19 +123,38 @@ def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor
     if J is None and K is None:  # independent spins: the closed form, absent spins removed
         present = mask.to(h.dtype)
         return torch.tanh(h) * present, (_log_2cosh(h) * present).sum(-1)
-    G, Q, n = h.shape
+    patterns, which, order = _mask_patterns(mask)
+    if _BUCKETED and order is not None:
+        if K is None:
+            m, logz, ok = _Pairwise.apply(h, J, _plan(patterns, order, h.dtype))
+            return _checked(m, logz, ok, h, J, K, mask)
+        return _patterns_bucketed(h, J, K, patterns, order)
+    return _patterns_one_by_one(h, J, K, patterns, which.reshape(-1))
+
+
+_MASKS: dict = {}  # recent masks by shape and device: (mask, its _mask_patterns)
+
+
+def _mask_patterns(mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Distinct rows (P, n) of a (G, Q, n) mask, the pattern of each query (G, Q), and ``order`` (G, Q)
+    sorting each group's queries by pattern when every group has Q / P queries of each (else None).
+    Cached: a causal mask is the same every call, and one comparison replaces the unique and the sort."""
+    G, Q, n = mask.shape
+    key = (mask.shape, mask.device)
+    if key in _MASKS and torch.equal(_MASKS[key][0], mask):
+        return _MASKS[key][1]
     patterns, which = _unique_rows(mask.reshape(-1, n))
     P = len(patterns)
     which = which.view(G, Q)
-    if _BUCKETED and Q % P == 0:
-        order = torch.argsort(which, dim=1, stable=True)
-        expected = torch.arange(P, device=h.device).repeat_interleave(Q // P)
-        if bool((which.gather(1, order) == expected).all()):
-            if K is None:
-                m, logz, ok = _Pairwise.apply(h, J, _bucket_plan(patterns, order, G))
-                return _checked(m, logz, ok, h, J, K, mask)
-            return _patterns_bucketed(h, J, K, patterns, order)
-    return _patterns_one_by_one(h, J, K, patterns, which.reshape(-1))
+    order = None
+    if Q % P == 0:
+        sorted_which, order = torch.sort(which, dim=1, stable=True)
+        if not bool((sorted_which == _pattern_ids(P, Q // P, mask.device)).all()):
+            order = None
+    _MASKS[key] = (mask.clone(), (patterns, which, order))
+    while len(_MASKS) > 8:
+        del _MASKS[next(iter(_MASKS))]
+    return patterns, which, order
 
 
 def _unique_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -144,10 +168,12 @@ def _unique_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
     return (codes[:, None] >> bits) & 1 == 1, which
 
 
-def _buckets(sizes: list[int], queries: int) -> list[tuple[int, int]]:
+def _buckets(sizes: list[int], queries: int, enumerated: int = 0) -> list[tuple[int, int]]:
     """Split ascending pattern sizes into contiguous buckets [start, end) minimising the cost model.
 
-    A bucket is padded to its largest size L and costs _CALL_OVERHEAD + count * (queries + _TABLE_COST) * 2^L.
+    A bucket is padded to its largest size L and costs _CALL_OVERHEAD + count * (queries + _TABLE_COST) * 2^L;
+    one with L <= ``enumerated`` (solved state by state: fewer operations, n 2^n work per query) costs
+    _CALL_OVERHEAD / 2 + count * (queries * L / 4 + _TABLE_COST) * 2^L.
     Dynamic programme over the distinct sizes (at most n + 1 of them).
     """
     distinct = sorted(set(sizes))
@@ -157,7 +183,9 @@ def _buckets(sizes: list[int], queries: int) -> list[tuple[int, int]]:
     for j in range(1, len(distinct) + 1):
         for i in range(j):
             start = ends[i - 1] if i else 0
-            cost = best[i] + _CALL_OVERHEAD + (ends[j - 1] - start) * (queries + _TABLE_COST) * 2.0 ** distinct[j - 1]
+            L = distinct[j - 1]
+            overhead, per_query = (_CALL_OVERHEAD / 2, L / 4) if L <= enumerated else (_CALL_OVERHEAD, 1)
+            cost = best[i] + overhead + (ends[j - 1] - start) * (queries * per_query + _TABLE_COST) * 2.0 ** L
             if cost < best[j]:
                 best[j], cut[j] = cost, i
     out, j = [], len(distinct)
@@ -168,28 +196,78 @@ def _buckets(sizes: list[int], queries: int) -> list[tuple[int, int]]:
     return out[::-1]
 
 
-def _bucket_plan(patterns: Tensor, order: Tensor, G: int) -> list[tuple[Tensor, Tensor, Tensor]]:
-    """Buckets of patterns by size, for ``_Pairwise``: (sel (G, nb, q), idx (nb, L), free (nb,)).
+@lru_cache(maxsize=64)
+def _pattern_ids(P: int, q: int, device: torch.device) -> Tensor:
+    """0, .., 0, 1, .., P - 1: the pattern of each query once sorted, q queries per pattern."""
+    return torch.arange(P, device=device).repeat_interleave(q)
 
-    ``order`` (G, Q) sorts each group's queries by pattern, q = Q / P per pattern. idx lists each
-    pattern's present spins first (ascending), then n (padding); free = log 2 per padded spin. Patterns
-    without a present spin are in no bucket (marginals 0, log Z 0).
+
+class _Plan:
+    """Buckets of mask patterns by size, for ``_Pairwise``; ``order`` (G, Q) sorts each group's queries by
+    pattern (q = Q / P per pattern).
+
+    Each bucket: (nb, L, free (nb,) log 2 per padded spin, flat (nb L L,) indices of the sub-J's entries in
+    the padded (n + 1)^2 J, hidx (G, nb q L) indices of the sub-h's entries in the padded (G, Q (n + 1)) h,
+    qidx (G, nb q) its queries). In a bucket padded to L spins, each pattern's present spins come first
+    (ascending), then the padding index n: h, the marginals and their gradients move by one gather or
+    scatter each. Patterns without a present spin are in no bucket (marginals 0, log Z 0).
     """
-    P, n = patterns.shape
-    q = order.shape[1] // P
-    sizes = patterns.sum(-1)
-    size_list = sizes.tolist()
-    by_size = sorted(range(P), key=size_list.__getitem__)
-    first = size_list.count(0)
-    spins = torch.argsort((~patterns).to(torch.int8), dim=1, stable=True)
-    spins = torch.where(torch.arange(n, device=patterns.device) < sizes[:, None], spins, n)
-    order = order.view(G, P, q)
-    plan = []
-    for start, end in _buckets([size_list[p] for p in by_size[first:]], G * q):
-        chosen = torch.tensor(by_size[first + start:first + end], device=patterns.device)
-        L = size_list[by_size[first + end - 1]]
-        plan.append((order[:, chosen], spins[chosen, :L], (L - sizes[chosen]).to(torch.float64) * math.log(2.0)))
+
+    def __init__(self, patterns: Tensor, order: Tensor, dtype: torch.dtype, key: tuple):
+        G, Q = order.shape
+        P, n = patterns.shape
+        self.order, self.q = order, Q // P
+        perm, buckets = _plan_buckets(key, P, n, G * self.q, (_CALL_OVERHEAD, _TABLE_COST, _ENUMERATED_SPINS),
+                                      dtype, patterns.device)
+        rows = order.view(G, P, self.q)
+        if perm is not None:  # by size (a causal mask's patterns already are)
+            rows = rows[:, perm]
+        self.buckets = []
+        for start, end, idx, free, flat in buckets:
+            nb, L = idx.shape
+            sel = rows[:, start:end]  # (G, nb, q)
+            hidx = (sel[..., None] * (n + 1) + idx[None, :, None, :]).reshape(G, nb * self.q * L)
+            self.buckets.append((nb, L, free, flat, hidx, sel.reshape(G, nb * self.q)))
+
+
+_PLANS: dict = {}  # recent plans by patterns, shapes and dtype; reused while the queries' order is the same
+
+
+def _plan(patterns: Tensor, order: Tensor, dtype: torch.dtype) -> _Plan:
+    """The ``_Plan`` of these patterns and query order, cached (a causal mask gives the same one each call)."""
+    key = tuple(patterns.flatten().tolist())
+    cache_key = (key, patterns.shape, order.shape, dtype, order.device,
+                 (_CALL_OVERHEAD, _TABLE_COST, _ENUMERATED_SPINS))
+    plan = _PLANS.get(cache_key)
+    if plan is None or not (plan.order is order or torch.equal(plan.order, order)):
+        plan = _PLANS[cache_key] = _Plan(patterns, order, dtype, key)
+        while len(_PLANS) > 8:
+            del _PLANS[next(iter(_PLANS))]
     return plan
+
+
+@lru_cache(maxsize=256)
+def _plan_buckets(key: tuple, P: int, n: int, queries: int, constants: tuple, dtype: torch.dtype,
+                  device: torch.device):
+    """(perm, buckets) of ``_Plan`` for the patterns ``key`` (P x n bools, flattened); perm None when the
+    patterns already are by size. constants: the cost model's (part of the cache key)."""
+    patterns = torch.tensor(key, dtype=torch.bool).view(P, n)
+    sizes = patterns.sum(-1).tolist()
+    by_size = sorted(range(P), key=sizes.__getitem__)
+    first = sizes.count(0)
+    spins = torch.argsort((~patterns).to(torch.int8), dim=1, stable=True)
+    spins = torch.where(torch.arange(n) < torch.tensor(sizes)[:, None], spins, n)
+    buckets = []
+    for start, end in _buckets([sizes[p] for p in by_size[first:]], queries, _ENUMERATED_SPINS):
+        start, end = first + start, first + end
+        chosen = by_size[start:end]
+        L = sizes[chosen[-1]]
+        idx = spins[chosen, :L]
+        free = torch.tensor([(L - sizes[p]) * math.log(2.0) for p in chosen], dtype=dtype)
+        flat = (idx[:, :, None] * (n + 1) + idx[:, None, :]).reshape(-1)
+        buckets.append((start, end, idx.to(device), free.to(device), flat.to(device)))
+    perm = None if by_size == list(range(P)) else torch.tensor(by_size, device=device)
+    return perm, buckets
 
 
 def _patterns_bucketed(h, J, K, patterns, order):
@@ -291,11 +369,21 @@ def _split(h: Tensor, J: Tensor | None, K: Tensor | None):
 def _checked(m, logz, ok, h, J, K, mask=None):
     """Rows that underflowed (ok False), and float32 rows whose energy scale exceeds
     _FLOAT32_SCALE_LIMIT, recomputed by the float64 fallback."""
-    if h.dtype != torch.float64:  # float32 rounding of large log-weights: solve those rows in float64
-        ok = ok & (_energy_scale(h, J, K) <= _FLOAT32_SCALE_LIMIT)
+    if h.dtype != torch.float64 and _energy_bound(h, J, K) > _FLOAT32_SCALE_LIMIT:  # rounding of large
+        ok = ok & (_energy_scale(h, J, K) <= _FLOAT32_SCALE_LIMIT)  # log-weights: solve those rows in float64
     if not bool(ok.all()):
         m, logz = _log_domain_fallback(m, logz, ok, h, J, K, mask)
     return m, logz
+
+
+def _energy_bound(h: Tensor, J: Tensor | None, K: Tensor | None) -> float:
+    """A bound on every query's ``_energy_scale`` in a few reductions (n max |h| + sum |J| / 2 + sum |K| / 6
+    over all groups): the per-query scales are needed only when it exceeds the limit."""
+    bound = float(h.detach().abs().amax()) * h.shape[-1] if h.numel() else 0.0
+    for x, d in ((J, 2), (K, 6)):
+        if x is not None:
+            bound += float(x.detach().abs().sum()) / d
+    return bound
 
 
 def _energy_scale(h: Tensor, J: Tensor | None, K: Tensor | None) -> Tensor:
@@ -359,6 +447,9 @@ def _exp_floor(dtype: torch.dtype) -> float:
     return math.log(torch.finfo(dtype).tiny) + 1.0
 
 
+_DENORMAL_PROBE = (torch.tensor(1e-30), torch.tensor(1e-10))  # their product is 0 when denormals are flushed
+
+
 @contextmanager
 def _no_denormals(device: torch.device):
     """Flush denormals to zero on this CPU thread for the duration (restored after).
@@ -366,7 +457,7 @@ def _no_denormals(device: torch.device):
     The weights u, K, v lie in [tiny, 1] and their products, ignored next to Z >= sqrt(tiny), often fall
     below tiny: denormal arithmetic is ~40x slower on x86. Flushing them changes Z by < 2^n tiny.
     """
-    if device.type != "cpu" or bool(torch.tensor(1e-30) * torch.tensor(1e-10) == 0):  # not CPU, or on already
+    if device.type != "cpu" or bool(_DENORMAL_PROBE[0] * _DENORMAL_PROBE[1] == 0):  # not CPU, or on already
         yield
         return
     torch.set_flush_denormal(True)
@@ -438,27 +529,31 @@ def _contract_forward(log_u, log_v, left, right, SA, SB):
     table = _Table(left, right)
     floor = table.floor
     log_u = log_u + table.row_max[:, None, :]
-    u = (log_u - log_u.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
-    v = (log_v - log_v.amax(-1, keepdim=True)).clamp_(min=floor).exp_()
+    shift_u, shift_v = log_u.amax(-1, keepdim=True), log_v.amax(-1, keepdim=True)
+    u = log_u.sub_(shift_u).clamp_(min=floor).exp_()
+    v = (log_v - shift_v).clamp_(min=floor).exp_()
     kv, ku = table.products(u, v)
-    z = (u * kv).sum(-1)
+    pa = u * kv
+    z = pa.sum(-1)
     ok = z > torch.finfo(z.dtype).tiny ** 0.5  # False for NaN too
     if not bool(ok.all()):  # keep NaN / inf of bad rows (and tables) out of the results and gradients
         table.sanitise = True
         u = torch.where(ok[..., None], u, 0.0).nan_to_num_(0.0, 0.0, 0.0)
         v = torch.where(ok[..., None], v, 0.0).nan_to_num_(0.0, 0.0, 0.0)
         kv, ku = table.products(u, v)
+        pa = u * kv
         z = torch.where(ok, z, 1.0)
     r = 1.0 / z
-    pa = u * kv * r[..., None]  # marginal distribution of half A, (G, q, 2^a)
-    pb = v * ku * r[..., None]  # of half B, (G, q, 2^b)
+    pa = pa.mul_(r[..., None])  # marginal distribution of half A, (G, q, 2^a)
+    pb = (v * ku).mul_(r[..., None])  # of half B, (G, q, 2^b)
     m = torch.cat([pa @ SA, pb @ SB], dim=-1)
-    logz = torch.where(ok, torch.log(z) + log_u.amax(-1) + log_v.amax(-1), 0.0)
+    logz = torch.where(ok, torch.log(z) + shift_u.squeeze(-1) + shift_v.squeeze(-1), 0.0)
     return m, logz, ok, (table, u, v, r, pa, pb, m, SA, SB)
 
 
-def _contract_backward(saved, grad_m, grad_logz, table_grad: bool):
-    """Gradients in log u, log v, left and right (None unless table_grad) from the covariance formula."""
+def _contract_backward(saved, grad_m, grad_logz, table_grad: bool, right_grad: bool = True):
+    """Gradients in log u, log v, left and right (None unless table_grad; right None unless right_grad too)
+    from the covariance formula."""
     table, u, v, r, pa, pb, m, SA, SB = saved
     a = SA.shape[1]
     f_a = grad_m[..., :a] @ SA.T  # f(s) = g.s = f_a[x] + f_b[y]
@@ -475,14 +570,17 @@ def _contract_backward(saved, grad_m, grad_logz, table_grad: bool):
         xv = torch.cat([v, v * f_b], dim=1)                             # (G, 2q, 2^b)
         if table.kept is not None:
             block = (xu @ xv).mul_(next(iter(table))[2])
-            grad_left, grad_right = block @ right, block.transpose(-1, -2) @ left
+            grad_left = block @ right
+            grad_right = block.transpose(-1, -2) @ left if right_grad else None
         else:
-            grad_left, grad_right = torch.zeros_like(left), torch.zeros_like(right)
+            grad_left = torch.zeros_like(left)
+            grad_right = torch.zeros_like(right) if right_grad else None
             work = torch.empty_like(table.buffer)
             for g, rr, block in table:
                 block = torch.matmul(xu[g, rr], xv[g], out=work[:rr.stop - rr.start]).mul_(block)
                 grad_left[g, rr] = block @ right[g]
-                grad_right[g].addmm_(block.T, left[g, rr])
+                if right_grad:
+                    grad_right[g].addmm_(block.T, left[g, rr])
     return grad_u, grad_v, grad_left, grad_right
 
 
@@ -507,45 +605,93 @@ class _Contract(torch.autograd.Function):
 
 
 def _pairwise_forward(h: Tensor, J: Tensor):
-    """h (G, q, n), J (G, n, n), no autograd. Returns marginals, log Z, ok and what the backward needs."""
+    """h (G, q, n), J (G, n, n), no autograd. Returns marginals, log Z, ok and what the backward needs.
+
+    The table is C = SA JAB SB^T (left = SA JAB, right = SB); the half-only terms row = diag(SA JAA SA^T) / 2
+    and col = diag(SB JBB SB^T) / 2 go into log u and log v."""
     n = h.shape[-1]
+    if n <= _ENUMERATED_SPINS and h.shape[0] * h.shape[1] << n <= _CHUNK_ELEMENTS \
+            and J.shape[0] << n <= _BLOCK_ELEMENTS:
+        return _enumerated_forward(h, J)
     a = n // 2
     SA = _half_configurations(a, h.dtype, h.device)
     SB = _half_configurations(n - a, h.dtype, h.device)
-    left, right = _table_factors(J, None, a, SA, SB)
-    log_u, log_v = h[..., :a] @ SA.T, h[..., a:] @ SB.T
+    left, right = SA @ J[:, :a, a:], SB.expand(J.shape[0], -1, -1)
+    row = ((SA @ J[:, :a, :a]) * SA).sum(-1).mul_(0.5)  # (G, 2^a)
+    col = ((SB @ J[:, a:, a:]) * SB).sum(-1).mul_(0.5)  # (G, 2^b)
+    log_u = torch.baddbmm(row[:, None], h[..., :a], SA.T.expand(h.shape[0], -1, -1))
+    log_v = torch.baddbmm(col[:, None], h[..., a:], SB.T.expand(h.shape[0], -1, -1))
     chunk = max(1, _CHUNK_ELEMENTS // max(SA.shape[0], SB.shape[0]))
+    if h.shape[1] <= chunk:
+        m, logz, ok, saved = _contract_forward(log_u, log_v, left, right, SA, SB)
+        return m, logz, ok, [saved]
     pieces = [_contract_forward(lu, lv, left, right, SA, SB)
               for lu, lv in zip(log_u.split(chunk, dim=1), log_v.split(chunk, dim=1))]
-    if len(pieces) == 1:
-        m, logz, ok, saved = pieces[0]
-        return m, logz, ok, [saved]
     m, logz, ok = (torch.cat([p[i] for p in pieces], dim=1) for i in range(3))
     return m, logz, ok, [p[3] for p in pieces]
 
 
 def _pairwise_backward(saved: list, grad_m: Tensor, grad_logz: Tensor, J_grad: bool):
-    """Gradients in h (G, q, n) and J (G, n, n) (None unless J_grad). The table factors are
-    left = [SA JAB, row, 1], right = [SB, 1, col] with row = diag(SA JAA SA^T) / 2, col likewise, so
-    dJAB = SA^T dleft[:b], dJAA = SA^T diag(drow) SA / 2, dJBB = SB^T diag(dcol) SB / 2."""
+    """Gradients in h (G, q, n) and J (G, n, n) (None unless J_grad), see ``_pairwise_forward``:
+    dJAB = SA^T dleft, dJAA = SA^T diag(drow) SA / 2 with drow = dlog u summed over queries, dJBB likewise."""
+    if isinstance(saved, tuple):
+        return _enumerated_backward(saved, grad_m, grad_logz, J_grad)
     SA, SB = saved[0][-2], saved[0][-1]
-    a, b = SA.shape[1], SB.shape[1]
-    grads_h, grad_left, grad_right, start = [], 0, 0, 0
+    a = SA.shape[1]
+    grads_h, grad_left, grad_row, grad_col, start = [], 0, 0, 0, 0
     for piece in saved:
         q = piece[1].shape[1]
-        gu, gv, gl, gr = _contract_backward(piece, grad_m[:, start:start + q], grad_logz[:, start:start + q], J_grad)
+        gu, gv, gl, _ = _contract_backward(piece, grad_m[:, start:start + q], grad_logz[:, start:start + q],
+                                           J_grad, right_grad=False)
         grads_h.append(torch.cat([gu @ SA, gv @ SB], dim=-1))
         if J_grad:
-            grad_left, grad_right = grad_left + gl, grad_right + gr
+            grad_left, grad_row, grad_col = grad_left + gl, grad_row + gu.sum(1), grad_col + gv.sum(1)
         start += q
     grad_h = grads_h[0] if len(grads_h) == 1 else torch.cat(grads_h, dim=1)
     grad_J = None
     if J_grad:
-        G = grad_h.shape[0]
-        grad_J = grad_h.new_zeros(G, a + b, a + b)
-        grad_J[:, :a, a:] = SA.T @ grad_left[..., :b]
-        grad_J[:, :a, :a] = 0.5 * (SA.T * grad_left[:, None, :, b]) @ SA
-        grad_J[:, a:, a:] = 0.5 * (SB.T * grad_right[:, None, :, b + 1]) @ SB
+        grad_J = grad_h.new_zeros(grad_h.shape[0], *grad_h.shape[-1:] * 2)
+        grad_J[:, :a, a:] = SA.T @ grad_left
+        grad_J[:, :a, :a] = ((SA.T * grad_row[:, None, :]) @ SA).mul_(0.5)
+        grad_J[:, a:, a:] = ((SB.T * grad_col[:, None, :]) @ SB).mul_(0.5)
+    return grad_h, grad_J
+
+
+@lru_cache(maxsize=64)
+def _states(n: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """All 2^n states S (2^n, n) and their pair products s_j s_k / 2, (2^n, n n)."""
+    S = configurations(n, dtype=dtype, device=device)
+    return S, (S[:, :, None] * S[:, None, :]).reshape(-1, n * n) * 0.5
+
+
+def _enumerated_forward(h: Tensor, J: Tensor):
+    """``_pairwise_forward`` for small systems, state by state: log-weights h.s + s.J.s / 2 for all 2^n
+    states (G, q, 2^n) and a softmax. More arithmetic than the split (n 2^n per query instead of 2^n), but a
+    dozen operations in all, which is what small n wants. Saves a tuple (the split saves a list)."""
+    G, q, n = h.shape
+    S, pairs = _states(n, h.dtype, h.device)
+    coupling = J.reshape(G, n * n) @ pairs.T  # (G, 2^n)
+    logits = torch.baddbmm(coupling[:, None, :], h, S.T.expand(G, n, S.shape[0]))
+    shift = logits.amax(-1, keepdim=True)
+    p = logits.sub_(shift).clamp_(min=_exp_floor(h.dtype)).exp_()
+    z = p.sum(-1, keepdim=True)
+    p = p.div_(z)
+    logz = z.log_().add_(shift).squeeze(-1)
+    ok = torch.isfinite(logz)
+    if not bool(ok.all()):  # values beyond the dtype: placeholders (marginals 0), no gradient
+        p = torch.where(ok[..., None], p, 0.0)
+        logz = torch.where(ok, logz, 0.0)
+    m = p @ S
+    return m, logz, ok, (p, m, S, pairs)
+
+
+def _enumerated_backward(saved: tuple, grad_m: Tensor, grad_logz: Tensor, J_grad: bool):
+    """Gradients of ``_enumerated_forward``: dL/dlogit = p (g.s - <g.s> + g_Z), then through the features."""
+    p, m, S, pairs = saved
+    c = grad_logz - (grad_m * m).sum(-1)
+    grad_logits = (grad_m @ S.T).add_(c[..., None]).mul_(p)  # (G, q, 2^n)
+    grad_h = grad_logits @ S
+    grad_J = (grad_logits.sum(1) @ pairs).view(-1, *S.shape[-1:] * 2) if J_grad else None
     return grad_h, grad_J
 
 
@@ -554,9 +700,9 @@ class _Pairwise(torch.autograd.Function):
     in one autograd node: the table factors, the split and (with ``plan``) the mask buckets are plain
     tensor code, differentiated by hand (first derivatives only).
 
-    plan: None (no mask) or a list of buckets (sel (G, nb, q) query indices, idx (nb, L) spin indices with
-    n for padding, free (nb,) log 2 times the padded spins); each bucket is solved as (G * nb) systems of
-    L spins in which the padded spins are free, and scattered back.
+    plan: None (no mask) or a ``_Plan``: the queries sorted by pattern (one gather), each bucket of
+    patterns solved as (G * nb) systems of L spins in which the padded spins are free (gathers of h and of
+    the flattened J), and scattered back; the J gradient is summed over the buckets by scatter_add_.
     """
 
     @staticmethod
@@ -578,22 +724,21 @@ class _Pairwise(torch.autograd.Function):
             ctx.mark_non_differentiable(ok)
             return m, logz, ok
         G, Q, n = h.shape
-        groups = torch.arange(G, device=h.device)
-        h_ext, J_ext = F.pad(h, (0, 1)), F.pad(J, (0, 1, 0, 1))
-        m_out, logz_out = h.new_zeros(G, Q, n + 1), h.new_zeros(G, Q)
+        q = plan.q
+        h_flat = F.pad(h, (0, 1)).view(G, Q * (n + 1))  # padding column n: zero field
+        J_flat = F.pad(J, (0, 1, 0, 1)).view(G, (n + 1) ** 2)
+        m_out, logz_out = h.new_zeros(G, Q * (n + 1)), h.new_zeros(G, Q)
         ok_out = torch.ones(G, Q, dtype=torch.bool, device=h.device)
         ctx.saved = []
-        for sel, idx, free in plan:
-            nb, q, L = sel.shape[1], sel.shape[2], idx.shape[1]
-            where = (groups[:, None, None, None], sel[..., None], idx[None, :, None, :])
-            sub_J = J_ext[:, idx[:, :, None], idx[:, None, :]].reshape(G * nb, L, L)
-            m, logz, ok, saved = _pairwise_forward(h_ext[where].reshape(G * nb, q, L), sub_J)
-            m_out[where] = m.view(G, nb, q, L)  # the padding column n is dropped below
-            logz_out[groups[:, None, None], sel] = logz.view(G, nb, q) - free.to(logz.dtype)[None, :, None]
-            ok_out[groups[:, None, None], sel] = ok.view(G, nb, q)
+        for nb, L, free, flat, hidx, qidx in plan.buckets:
+            m, logz, ok, saved = _pairwise_forward(h_flat.gather(1, hidx).view(G * nb, q, L),
+                                                   J_flat.index_select(1, flat).view(G * nb, L, L))
+            m_out.scatter_(1, hidx, m.reshape(G, -1))  # the padding column n is dropped below
+            logz_out.scatter_(1, qidx, (logz.view(G, nb, q) - free[:, None]).view(G, -1))
+            ok_out.scatter_(1, qidx, ok.reshape(G, -1))
             ctx.saved.append(saved)
         ctx.mark_non_differentiable(ok_out)
-        return m_out[..., :n], logz_out, ok_out
+        return m_out.view(G, Q, n + 1)[..., :n], logz_out, ok_out
 
     @staticmethod
     def _backward(ctx, grad_m, grad_logz):
@@ -602,20 +747,18 @@ class _Pairwise(torch.autograd.Function):
             grad_h, grad_J = _pairwise_backward(ctx.saved, grad_m, grad_logz, J_grad)
             return grad_h, grad_J, None
         G, Q, n = grad_m.shape
-        groups = torch.arange(G, device=grad_m.device)
-        gm_ext = F.pad(grad_m, (0, 1))
-        grad_h = grad_m.new_zeros(G, Q, n + 1)
-        grad_J = grad_m.new_zeros(G, n + 1, n + 1) if J_grad else None
-        for (sel, idx, _), saved in zip(ctx.plan, ctx.saved):
-            nb, q, L = sel.shape[1], sel.shape[2], idx.shape[1]
-            where = (groups[:, None, None, None], sel[..., None], idx[None, :, None, :])
-            gh, gJ = _pairwise_backward(saved, gm_ext[where].reshape(G * nb, q, L),
-                                        grad_logz[groups[:, None, None], sel].reshape(G * nb, q), J_grad)
-            grad_h[where] = gh.view(G, nb, q, L)
-            if J_grad:  # sum over patterns through one-hot maps (index_put_ with accumulate sorts: slow)
-                onehot = F.one_hot(idx, n + 1).to(gJ.dtype)  # (nb, L, n + 1)
-                grad_J += torch.einsum("bli,gblm,bmj->gij", onehot, gJ.view(G, nb, L, L), onehot)
-        return grad_h[..., :n], grad_J[:, :n, :n] if J_grad else None, None
+        q = ctx.plan.q
+        gm_flat = F.pad(grad_m, (0, 1)).view(G, Q * (n + 1))
+        grad_h = grad_m.new_zeros(G, Q * (n + 1))
+        grad_J = grad_m.new_zeros(G, (n + 1) ** 2) if J_grad else None
+        for (nb, L, _, flat, hidx, qidx), saved in zip(ctx.plan.buckets, ctx.saved):
+            gh, gJ = _pairwise_backward(saved, gm_flat.gather(1, hidx).view(G * nb, q, L),
+                                        grad_logz.gather(1, qidx).view(G * nb, q), J_grad)
+            grad_h.scatter_(1, hidx, gh.reshape(G, -1))
+            if J_grad:  # sum over the patterns' sub-J (index_put_ with accumulate sorts: slow)
+                grad_J.scatter_add_(1, flat.expand(G, -1), gJ.reshape(G, -1))
+        grad_h = grad_h.view(G, Q, n + 1)[..., :n]
+        return grad_h, grad_J.view(G, n + 1, n + 1)[:, :n, :n] if J_grad else None, None
 
 
 def _log_domain_fallback(m, logz, ok, h, J, K, mask=None):
