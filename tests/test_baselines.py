@@ -10,22 +10,32 @@ from boltzmann_attention.experiments.studies import baselines, profile, study_of
 
 
 def test_grids_follow_the_study_design(monkeypatch):
+    monkeypatch.setattr(baselines, "EXTRA_LEARNING_RATES", {"J": (3e-2,)})
     runs = [cfg for grid in profile("baselines") for _, cfg in grid.runs()]
     for cfg in runs:
         cfg.validate()
-    init = [c for c in runs if c.lr == 3e-3 and c.T in (8, 12)]
+    init = [c for c in runs if c.lr == 3e-3 and c.T in (8, 12) and c.steps == 4000]
     assert len(init) == 2 * 2 * 4 * 5 and {c.init for c in init} == {"torch", "gpt2"}
-    lr = [c for c in runs if c.lr != 3e-3 and c.T in (8, 12)]
+    lr = [c for c in runs if c.lr in (1e-3, 1e-2) and c.T in (8, 12) and c.steps == 4000]
     assert len(lr) == 2 * 2 * 4 * 3 and {c.init for c in lr} == {baselines.CHOSEN_INIT}
+    extra = [c for c in runs if c.lr == 3e-2]
+    assert {(c.mode, c.T) for c in extra} == {("J", 8), ("J", 12)} and len(extra) == 2 * 3
     nano = [c for c in runs if c.T == 64]
     assert len(nano) == 3 and all(c.mode == "softmax" and c.n_layers == 4 and c.n_heads == 4 and c.d_model == 128
                                   and c.batch_size == 12 and c.steps == 2000 and c.lr == 1e-3 and c.beta2 == 0.99
                                   and c.init == "gpt2" for c in nano)
     monkeypatch.setattr(baselines, "BEST_LR", {"softmax": 1e-3, "h": 3e-3})
     long = [c for grid in profile("baselines") for _, c in grid.runs() if c.steps > 4000]
+    assert all(c.fused_optimizer is False for grid in profile("baselines") for _, c in grid.runs())
     assert {(c.mode, c.lr, c.steps) for c in long} == {(m, lr, s) for m, lr in baselines.BEST_LR.items()
                                                         for s in (16000, 64000)}
     assert all(c.eval_interval == c.steps // 16 and c.T == 12 for c in long)  # complete schedules, same T
+
+
+@pytest.fixture(autouse=True)
+def _no_extension(monkeypatch):
+    """The planted runs have no lr beyond the grid."""
+    monkeypatch.setattr(baselines, "EXTRA_LEARNING_RATES", {})
 
 
 def _plant(root):
