@@ -32,8 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._inputs import check_inputs, group_queries
+from ._inputs import check_inputs, check_int, group_queries
 from .meanfield import ConvergenceError, ConvergenceWarning
+from .meanfield import _settings as meanfield_settings
 
 __all__ = ["Toeplitz", "ToeplitzInfo", "solve", "marginals"]
 
@@ -98,19 +99,9 @@ class _Settings:
 
 
 def _settings(tap, damping, tol, max_iter, on_fail, block) -> _Settings:
-    if not isinstance(tap, bool):
-        raise ValueError(f"tap must be True or False, got {tap!r}")
-    if not 0.0 <= float(damping) < 1.0:
-        raise ValueError(f"damping must be in [0, 1), got {damping!r}")
-    if not float(tol) > 0.0:
-        raise ValueError(f"tol must be > 0, got {tol!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
-    if on_fail not in _ON_FAIL:
-        raise ValueError(f"on_fail must be one of {_ON_FAIL}, got {on_fail!r}")
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be an integer >= 1, got {block!r}")
-    return _Settings(tap, float(damping), float(tol), max_iter, on_fail, block)
+    """The dense solver's checks (meanfield._settings), plus the block size."""
+    base = meanfield_settings(tap, damping, tol, max_iter, on_fail, None)
+    return _Settings(base.tap, base.damping, base.tol, base.max_iter, base.on_fail, check_int("block", block, 1))
 
 
 def _report(what: str, residual: float, iterations: int, s: _Settings, failed: str) -> None:
