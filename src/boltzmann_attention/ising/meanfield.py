@@ -166,9 +166,15 @@ def _max_abs(x: Tensor) -> Tensor:
 def _iterate(h: Tensor, c: _Couplings, mask: Tensor | None, s: _Settings):
     """Damped forward iteration (no autograd). Returns (F(m) at the last iterate, residual (G, Q), its)."""
     m = torch.tanh(h) if mask is None else torch.tanh(h) * mask
+    return damped_iteration(lambda m: _fixed_point_map(m, h, c, mask), m, s)
+
+
+def damped_iteration(step, m: Tensor, s) -> tuple[Tensor, Tensor, int]:
+    """m <- (1 - damping) step(m) + damping m from ``m`` until every query's residual max |step(m) - m| is
+    below ``s.tol`` or after ``s.max_iter`` steps. Returns (step(m) at the last iterate, residual, steps)."""
     iterations = 0
     while True:
-        f = _fixed_point_map(m, h, c, mask)
+        f = step(m)
         iterations += 1
         residual = _max_abs(f - m)
         if iterations == s.max_iter or bool((residual < s.tol).all()):

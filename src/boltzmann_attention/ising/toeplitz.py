@@ -24,7 +24,6 @@ fixed point. :func:`solve` reports the iterations and the largest residual, forw
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +32,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._inputs import check_inputs, check_int, group_queries
-from .meanfield import ConvergenceError, ConvergenceWarning
+from .meanfield import _max_abs, _report, damped_iteration
+from .meanfield import _Settings as MeanFieldSettings
 from .meanfield import _settings as meanfield_settings
 
 __all__ = ["Toeplitz", "ToeplitzInfo", "solve", "marginals"]
@@ -89,12 +89,9 @@ class ToeplitzInfo:
 
 
 @dataclass(frozen=True)
-class _Settings:
-    tap: bool
-    damping: float
-    tol: float
-    max_iter: int
-    on_fail: str
+class _Settings(MeanFieldSettings):
+    """The dense solver's settings plus the block size of the operator."""
+
     block: int
 
 
@@ -102,17 +99,6 @@ def _settings(tap, damping, tol, max_iter, on_fail, block) -> _Settings:
     """The dense solver's checks (meanfield._settings), plus the block size."""
     base = meanfield_settings(tap, damping, tol, max_iter, on_fail, None)
     return _Settings(base.tap, base.damping, base.tol, base.max_iter, base.on_fail, check_int("block", block, 1))
-
-
-def _report(what: str, residual: float, iterations: int, s: _Settings, failed: str) -> None:
-    if s.on_fail == "ignore":
-        return
-    message = (f"{what} did not converge: max residual {residual:.3g} >= tol {s.tol:g} after {iterations} "
-               f"iterations ({failed}, damping {s.damping:g}); returning the last iterate. Increase damping "
-               f"or max_iter, or weaken the couplings.")
-    if s.on_fail == "raise":
-        raise ConvergenceError(message)
-    warnings.warn(message, ConvergenceWarning, stacklevel=4)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -175,22 +161,13 @@ class _Operator:
         return out
 
 
-def _max_abs(x: Tensor) -> Tensor:
-    return x.abs().amax(-1) if x.shape[-1] else x.new_zeros(x.shape[:-1])
-
-
 def _iterate(h: Tensor, op: _Operator, mask: Tensor | None, s: _Settings):
-    m = torch.tanh(h) if mask is None else torch.tanh(h) * mask
-    iterations = 0
-    while True:
+    """The dense solver's damped iteration with the Toeplitz operator's field."""
+    def step(m: Tensor) -> Tensor:
         f = op.field(m, h, mask).tanh_()
-        if mask is not None:
-            f.mul_(mask)
-        iterations += 1
-        residual = (f - m).abs_().amax(-1) if f.shape[-1] else f.new_zeros(f.shape[:-1])
-        if iterations == s.max_iter or bool((residual < s.tol).all()):
-            return f, residual, iterations
-        m = f.lerp_(m, s.damping)
+        return f if mask is None else f.mul_(mask)
+
+    return damped_iteration(step, torch.tanh(h) if mask is None else torch.tanh(h) * mask, s)
 
 
 class _ImplicitFixedPoint(torch.autograd.Function):
