@@ -76,13 +76,16 @@ def test_large_fields_and_couplings_stay_finite_and_exact(scale, dtype):
     torch.testing.assert_close(logz.double(), reference.log_partition(h, J), atol=0, rtol=1e-6)
 
 
-def test_float32_typical_values_accuracy():
-    g = torch.Generator().manual_seed(2)
-    n = 16
-    h = torch.randn(32, n, dtype=torch.float64, generator=g) * 2
-    J = symmetric_couplings(n, generator=g, scale=0.3)
+@pytest.mark.parametrize("seed, n, field_scale, coupling_scale", [(2, 16, 2.0, 0.3), (10, 14, 6.0, 0.5)])
+def test_float32_accuracy(seed, n, field_scale, coupling_scale):
+    """Typical values, and strong fields whose weights mostly underflow (the floored, denormal-free path):
+    float32 agrees with the float64 reference, and the denormal mode is restored afterwards."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(32, n, dtype=torch.float64, generator=g) * field_scale
+    J = symmetric_couplings(n, generator=g, scale=coupling_scale)
     m = ising.marginals(h.float(), J.float())
     assert (m.double() - reference.marginals(h, J)).abs().max() < 1e-5
+    assert bool(torch.tensor(1e-30) * torch.tensor(1e-10) != 0)  # denormals are back on
 
 
 def test_gradcheck_h_J_K_with_mask():
