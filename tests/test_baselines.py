@@ -24,12 +24,19 @@ def test_grids_follow_the_study_design(monkeypatch):
     assert len(nano) == 3 and all(c.mode == "softmax" and c.n_layers == 4 and c.n_heads == 4 and c.d_model == 128
                                   and c.batch_size == 12 and c.steps == 2000 and c.lr == 1e-3 and c.beta2 == 0.99
                                   and c.init == "gpt2" for c in nano)
-    monkeypatch.setattr(baselines, "BEST_LR", {"softmax": 1e-3, "h": 3e-3})
-    long = [c for grid in profile("baselines") for _, c in grid.runs() if c.steps > 4000]
-    assert all(c.fused_optimizer is False for grid in profile("baselines") for _, c in grid.runs())
-    assert {(c.mode, c.lr, c.steps) for c in long} == {(m, lr, s) for m, lr in baselines.BEST_LR.items()
-                                                        for s in (16000, 64000)}
-    assert all(c.eval_interval == c.steps // 16 and c.T == 12 for c in long)  # complete schedules, same T
+    best = {"softmax": 1e-3, "h": 3e-3, "J": 1e-2, "h+J": 3e-2}
+    monkeypatch.setattr(baselines, "BEST_LR", best)
+    runs = [c for grid in profile("baselines") for _, c in grid.runs()]
+    assert all(c.fused_optimizer is False for c in runs)
+    ladder = [c for c in runs if c.steps == 64000]
+    assert {(c.mode, c.lr, c.T) for c in ladder} == {(m, lr, 12) for m, lr in best.items()} and len(ladder) == 12
+    long = [c for c in runs if c.steps > 4000]
+    assert all(c.eval_interval == c.steps // 16 and c.lr == best[c.mode] for c in long)  # complete schedules
+    grid = {(c.T, c.mode, c.seed) for c in long if c.steps == baselines.GRID_STEPS}
+    assert grid == ({(T, m, s) for T in range(4, 15, 2) for m in best for s in range(5)}
+                    | {(T, m, s) for T in (16, 20) for m in ("softmax", "h", "h+J") for s in range(3)})
+    names = [name for grid in profile("baselines") for name, c in grid.runs() if c.steps == baselines.GRID_STEPS]
+    assert len(names) == len(set(names)) + 4 * 3  # stage 5 at T = 12 reuses stage 3's runs
 
 
 @pytest.fixture(autouse=True)
