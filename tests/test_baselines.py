@@ -82,3 +82,52 @@ def test_report_on_planted_runs(tmp_path):
 def test_other_studies_runs_are_not_claimed(tmp_path, variant):
     write_run(tmp_path, "shakespeare", 8, "softmax", 0, variant=variant, val=shakespeare_val(7.0))
     assert study_of(Results(load_runs(tmp_path))) is not baselines
+
+
+def _plant_ladder(root, gap_64000):
+    """Stage 3: softmax at 7.0 - steps/1e5; h 1% worse at 16000 and ``gap_64000`` % worse at 64000."""
+    for steps, gap in ((16000, 1.0), (64000, gap_64000)):
+        for mode, lr in baselines.BEST_LR.items():
+            for seed in range(3):
+                ppl = (7.0 - steps / 1e5 + 0.01 * seed) * (1 + {"h": gap, "J": 3.0, "h+J": 0.5}.get(mode, 0) / 100)
+                ppl += 0.001 * seed * (mode == "h")  # a spread, so that the intervals have a width
+                write_run(root, "shakespeare", 12, mode, seed, variant=baselines.variant("gpt2", lr, steps),
+                          val=shakespeare_val(ppl), init="gpt2", lr=lr, steps=steps)
+
+
+@pytest.mark.parametrize("gap_64000, settled", [(1.0, True), (-1.0, False)])
+def test_training_length_rule(tmp_path, gap_64000, settled):
+    _plant_ladder(tmp_path, gap_64000)
+    text = write_report(tmp_path, tmp_path / "rep").read_text()
+    assert "16000 steps: softmax < h+J < h < J" in text
+    assert ("**has settled**" in text) is settled and ("**has not settled**" in text) is not settled
+    if not settled:
+        assert "64000 steps: h < softmax < h+J < J" in text and "The orderings are different" in text
+
+
+def test_grid_section_reads_the_paper_tables(tmp_path):
+    """Stage 5's runs (each mode's variant names its own lr) are read as one grid, with the claims of the
+    earlier recipe beside them when report/full's archive sits next to the report."""
+    for T in (4, 6, 8, 10):
+        for mode, lr in baselines.BEST_LR.items():
+            for seed in range(3):
+                ppl = 7.0 - 0.05 * T + 0.01 * seed - (0.01 * T if mode == "h+J" else 0.0)
+                J = [[[0.1 * (abs(j - k) == 1) for k in range(T)] for j in range(T)]]
+                write_run(tmp_path, "shakespeare", T, mode, seed,
+                          variant=baselines.variant("gpt2", lr, baselines.GRID_STEPS), val=shakespeare_val(ppl),
+                          couplings=J if mode in ("J", "h+J") else None, init="gpt2", lr=lr,
+                          steps=baselines.GRID_STEPS)
+    earlier = tmp_path / "report" / "full"
+    for seed in range(3):
+        write_run(earlier, "shakespeare", 8, "softmax", seed, val=shakespeare_val(7.0))
+        write_run(earlier, "shakespeare", 8, "h+J", seed, val=shakespeare_val(7.1 + 0.01 * seed))
+    from boltzmann_attention.experiments.results import write_archive
+
+    write_archive(load_runs(earlier), earlier)
+    text = write_report(tmp_path, tmp_path / "report" / "baselines").read_text()
+    assert "## 5. The paper's grid under the strong recipe" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 10 | 6.510 ± 0.010 (n=3)"))
+    assert "+1.54 ± 0.00" in row  # h+J: 0.1 lower than softmax
+    assert "#### shakespeare, J (variant `base`)" in text
+    then_now = [line for line in text.splitlines() if line.startswith("| h+J ahead of softmax")][-1].split("|")
+    assert then_now[2].strip().startswith("does not agree") and then_now[3].strip().startswith("partly agrees")

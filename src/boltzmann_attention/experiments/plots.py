@@ -185,7 +185,8 @@ def plot_couplings(sets: dict, task: str, path: Path):
         cbar = fig.colorbar(im, ax=axis, fraction=0.046, pad=0.04)
         cbar.ax.tick_params(labelsize=6)
         cbar.set_label("J_jk", fontsize=7)
-    suptitle(fig, f"{task}: learned J (h+J, head 0, mean over seeds)")
+    mode = next(iter(sets.values()))[0].mode
+    suptitle(fig, f"{task}: learned J ({mode}, head 0, mean over seeds)")
     return save(fig, path)
 
 
@@ -208,4 +209,6 @@ def plot_distance(sets: dict, task: str, path: Path):
             ax.fill_between(d, mean - std, mean + std, color=color, alpha=0.2, lw=0)
     ax.axhline(0, color="0.6", lw=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return finish(fig, ax, "|j - k|", "mean J_jk", f"{task}: J against distance (band: ± std over seeds)", path)
+    mode = next(iter(sets.values()))[0].mode
+    name = task if mode == "h+J" else f"{task}, {mode}"  # h+J's plots are the reports' default
+    return finish(fig, ax, "|j - k|", "mean J_jk", f"{name}: J against distance (band: ± std over seeds)", path)

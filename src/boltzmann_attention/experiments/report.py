@@ -247,25 +247,25 @@ def _variant_tables(res: Results, out: Path, task: str, table: Callable, noun: s
 
 # ------------------------------------------------------------------------------------------ learned couplings
 
-def coupling_sets(res: Results, task: str) -> dict[int, tuple[Group, list[np.ndarray]]]:
-    """The h+J runs' J (head 0) per T, from variant base if it has any, preferring exact enumeration."""
+def coupling_sets(res: Results, task: str, mode: str = "h+J") -> dict[int, tuple[Group, list[np.ndarray]]]:
+    """The ``mode`` runs' J (head 0) per T, from variant base if it has any, preferring exact enumeration."""
     variants = [v for v in res.variants(task)
-                if any(k[:2] == (task, v) and k[3] == "h+J" for k in res.groups)]
+                if any(k[:2] == (task, v) and k[3] == mode for k in res.groups)]
     if not variants:
         return {}
     variant = variants[0]
     out = {}
     for T in res.Ts(task, variant):
-        g = res.pick(task, variant, T, "h+J")
+        g = res.pick(task, variant, T, mode)
         Js = list(g.couplings().values()) if g else []
         if Js:
             out[T] = (g, Js)
     return out
 
 
-def coupling_table(res: Results, task: str) -> tuple[str, dict]:
+def coupling_table(res: Results, task: str, mode: str = "h+J") -> tuple[str, dict]:
     """Per T: seeds, mean |J|, share of variance explained by distance, seed-to-seed correlation."""
-    sets = coupling_sets(res, task)
+    sets = coupling_sets(res, task, mode)
     rows, stats = [], {}
     for T, (g, Js) in sets.items():
         corr = seed_correlation(Js)
@@ -277,22 +277,24 @@ def coupling_table(res: Results, task: str) -> tuple[str, dict]:
     return md_table(header, rows), stats
 
 
-def couplings_section(res: Results, out: Path) -> list[str]:
+def couplings_section(res: Results, out: Path, modes: tuple[str, ...] = ("h+J",)) -> list[str]:
     lines = []
-    for task in res.tasks():
-        sets = coupling_sets(res, task)
-        if not sets:
-            continue
-        g = next(iter(sets.values()))[0]
-        table, _ = coupling_table(res, task)
-        heat, dist = f"couplings_{task}.png", f"coupling_distance_{task}.png"
-        plot_couplings(sets, task, out / heat)
-        plot_distance(sets, task, out / dist)
-        lines += [f"### {task} (variant `{g.variant}`)", "", table, "",
-                  f"![{task}: learned J]({heat})", "", f"![{task}: J against distance]({dist})", ""]
+    for mode in modes:
+        for task in res.tasks():
+            sets = coupling_sets(res, task, mode)
+            if not sets:
+                continue
+            g = next(iter(sets.values()))[0]
+            table, _ = coupling_table(res, task, mode)
+            suffix = task if mode == "h+J" else f"{task}_{mode}"
+            heat, dist = f"couplings_{suffix}.png", f"coupling_distance_{suffix}.png"
+            plot_couplings(sets, task, out / heat)
+            plot_distance(sets, task, out / dist)
+            lines += [f"### {task}{'' if modes == ('h+J',) else f', {mode}'} (variant `{g.variant}`)", "", table, "",
+                      f"![{task}: learned J]({heat})", "", f"![{task}: J against distance]({dist})", ""]
     if not lines:
         return []
-    return ["## Learned couplings J (h+J, head 0)", "",
+    return [f"## Learned couplings J ({', '.join(modes)}, head 0)", "",
             "R² of J by distance: share of the variance of the off-diagonal J explained by |j - k| alone "
             "(per seed, averaged). Correlation between seeds: mean Pearson correlation of the off-diagonal J "
             "over pairs of seeds.", "", *lines]

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from ..model import INITS
 from ..plots import figure, finish, style
-from ..report import header_section
-from ..results import Group, Results
+from ..report import couplings_section, header_section, shakespeare_section
+from ..results import Group, Results, load_runs
 from ..stats import paired, relative, stat
 from ..sweep import Grid, with_field_bias
 from ..tables import duration, fmt_stat, md_table, table_with_holm
@@ -127,6 +128,7 @@ def report(res: Results, results_dir: Path, out: Path) -> list[str]:
     lines += init_section(res)
     lines += learning_rate_section(res)
     lines += convergence_section(res, out)
+    lines += grid_section(res, out)
     return lines
 
 
@@ -256,7 +258,50 @@ def convergence_section(res: Results, out: Path) -> list[str]:
             f"T = {CONVERGENCE_T}, each mode at its best lr, validation perplexity (all positions) after the whole "
             "schedule, mean ± std over seeds; Δ% against softmax paired over seeds (positive = better).", "",
             table_with_holm(["steps"] + [f"{m} PPL" for m in BEST_LR] + [f"{m} vs softmax, Δ%" for m in others],
-                            cells), "", "![validation perplexity against steps](convergence.png)", ""]
+                            cells), "", "![validation perplexity against steps](convergence.png)", "",
+            *settling(found), ""]
+
+
+def _ordering(found: dict, steps: int) -> list[str] | None:
+    """The modes from the lowest mean perplexity to the highest at ``steps``; None unless all have 3 seeds."""
+    means = {}
+    for mode in BEST_LR:
+        v = {s: x for s, x in _values(found.get((mode, steps))).items() if s in SEEDS}
+        if len(v) < len(SEEDS):
+            return None
+        means[mode] = statistics.mean(v.values())
+    return sorted(means, key=means.get)
+
+
+def settling(found: dict) -> list[str]:
+    """The rule for the training length, applied: the ordering of the modes by mean perplexity at each length,
+    and whether 16000 steps agrees with 64000 (the same ordering, and every mode's Δ% against softmax at 16000
+    inside the 95% interval of its Δ% at 64000)."""
+    orders = {steps: _ordering(found, steps) for steps in STEPS}
+    lines = ["Ordering (lowest perplexity first): " + "; ".join(
+        f"{steps} steps: {' < '.join(o) if o else 'incomplete'}" for steps, o in orders.items()) + "."]
+    short, long = STEPS[-2], STEPS[-1]
+    if orders[short] is None or orders[long] is None:
+        return lines + [f"Rule (fixed before the runs): {short} steps has settled when its ordering equals "
+                        f"{long}'s and every mode's Δ% against softmax lies inside the 95% interval of its Δ% at "
+                        f"{long}. Not decided yet: runs missing."]
+    inside = []
+    for mode in BEST_LR:
+        if mode == "softmax":
+            continue
+        soft = (_values(found[("softmax", short)]), _values(found[("softmax", long)]))
+        a = paired(soft[0], _values(found[(mode, short)]), relative)
+        b = paired(soft[1], _values(found[(mode, long)]), relative)
+        inside.append((mode, a, b, b.low <= a.mean <= b.high))
+    same = orders[short] == orders[long]
+    settled = same and all(ok for *_, ok in inside)
+    detail = "; ".join(f"{m}: {a.mean:+.2f}% at {short} against [{b.low:+.2f}, {b.high:+.2f}] at {long}"
+                       for m, a, b, _ in inside)
+    return lines + [f"Rule (fixed before the runs): {short} steps has settled when its ordering equals {long}'s and "
+                    f"every mode's Δ% against softmax lies inside the 95% interval of its Δ% at {long}. The "
+                    f"orderings are {'the same' if same else 'different'}; {detail}. So {short} steps "
+                    + ("**has settled**." if settled else "**has not settled**: the grid's conclusions at "
+                       f"{short} steps carry that caveat.")]
 
 
 def _plot_convergence(found: dict, path: Path) -> None:
@@ -273,3 +318,54 @@ def _plot_convergence(found: dict, path: Path) -> None:
     ax.set_xticks(list(STEPS), [str(s) for s in STEPS])
     finish(fig, ax, "training steps (whole schedule)", "validation perplexity",
            f"Shakespeare T = {CONVERGENCE_T}: perplexity against training length", path)
+
+
+# --------------------------------------------------------------------------------- stage 5: the paper's grid
+
+EARLIER = Path("full") / "runs.jsonl.gz"  # the paper grid under the earlier recipe, beside this report's folder
+
+
+def grid_view(res: Results) -> Results:
+    """Stage 5's runs relabelled as variant ``base`` (each mode's variant name carries its own lr), so that the
+    paper's tables, fits and claims read them."""
+    return Results([replace(r, variant="base") for r in res.runs
+                    if r.task == "shakespeare" and r.mode in BEST_LR and r.seed in GRID_SEEDS
+                    and r.T in GRID_TS + LONG_TS and r.variant == variant(CHOSEN_INIT, BEST_LR[r.mode], GRID_STEPS)])
+
+
+def _demoted(lines: list[str]) -> list[str]:
+    """Headings one level down, to sit inside a section of this report."""
+    return ["#" + x if x.startswith("#") else x for x in lines]
+
+
+def _claims(res: Results) -> list:
+    from .paper import SHAKESPEARE_CLAIMS, claim_j_structure
+
+    return [c(res) for c in SHAKESPEARE_CLAIMS] + [claim_j_structure(res)]
+
+
+def grid_section(res: Results, out: Path) -> list[str]:
+    """Stage 5: the paper's Shakespeare tables, fits, learned J and claims under the strong recipe, and the
+    claims' verdicts beside those of the earlier recipe (``report/full``) when its archive is there."""
+    from .paper import PAPER, agreement_section, extension_section
+
+    view = grid_view(res)
+    if not view.runs:
+        return []
+    lines = ["## 5. The paper's grid under the strong recipe", "",
+             f"Init {CHOSEN_INIT}, each mode at its best lr ({', '.join(f'{m} {lr:g}' for m, lr in BEST_LR.items())}), "
+             f"{GRID_STEPS} steps, unfused AdamW; the tables below name the runs as variant `base`.", ""]
+    lines += _demoted(shakespeare_section(view, out, PAPER["shakespeare"]))
+    lines += _demoted(couplings_section(view, out, modes=("h+J", "J")))
+    claims = _claims(view)
+    lines += _demoted(agreement_section(view, claims))
+    lines += _demoted(extension_section(view))
+    earlier = out.parent / EARLIER
+    if earlier.exists():
+        before = _claims(Results([r for r in load_runs(earlier) if r.variant == "base"]))
+        rows = [[now.title, then.summary, now.summary] for then, now in zip(before, claims)]
+        lines += ["### The claims then and now", "",
+                  f"Then: `report/{EARLIER.parent}` (init torch, lr 3e-3 for every mode, 4000 steps). Now: this "
+                  "section's runs. A claim's verdict can change with the recipe, with the number of seeds or "
+                  "with the T values measured.", "", md_table(["claim", "then", "now"], rows), ""]
+    return lines

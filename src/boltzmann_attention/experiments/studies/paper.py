@@ -321,9 +321,14 @@ def claim_j_structure(res: Results) -> Claim:
                  [_claim_table(rows, first="runs")] if rows else ["No h+J runs with couplings."])
 
 
-def agreement_section(res: Results) -> list[str]:
-    claims = [claim_hj_ahead(res), claim_hj_grows(res), claim_h_behind(res), claim_j_worst(res),
-              claim_brackets_order(res), claim_noffn_gap(res), claim_three_body(res), claim_j_structure(res)]
+SHAKESPEARE_CLAIMS = (claim_hj_ahead, claim_hj_grows, claim_h_behind, claim_j_worst)
+BRACKET_CLAIMS = (claim_brackets_order, claim_noffn_gap, claim_three_body)
+
+
+def agreement_section(res: Results, claims: list[Claim] | None = None) -> list[str]:
+    """The claims (by default all of the paper's) as a summary table, then one subsection each."""
+    if claims is None:
+        claims = [c(res) for c in SHAKESPEARE_CLAIMS + BRACKET_CLAIMS + (claim_j_structure,)]
     lines = ["## Agreement with the paper", "",
              "Variant `base`, exact enumeration where available. Shakespeare: perplexity over all positions. "
              f"Significance: paired t-test over seeds (scipy.stats.ttest_rel) at p < {ALPHA} when at least 3 seeds "
