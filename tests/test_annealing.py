@@ -389,3 +389,4 @@ def test_calibrated_dqa_is_near_boltzmann_on_held_out_systems():
         p = anneal_distribution(h, J, energy_scale=c)
         kl_to_boltzmann = (p * (p.log() - torch.log_softmax(-annealing._energies(h, J, None), -1))).sum(-1)
         assert kl_to_boltzmann.max() < 0.04
+        assert torch.allclose(annealing.boltzmann_kl(h, J, energy_scale=c), kl_to_boltzmann, atol=1e-12)

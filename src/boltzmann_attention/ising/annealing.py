@@ -462,9 +462,12 @@ def fit_beta(probabilities: Tensor, energies: Tensor, *, max_beta: float = 1e3) 
         beta = new
         if done:
             break
-    log_q = -beta[..., None] * E - torch.logsumexp(-beta[..., None] * E, -1, keepdim=True)
-    kl = torch.where(p > 0, p * (p.clamp(min=1e-300).log() - log_q), 0.0).sum(-1).clamp(min=0.0)
-    return BetaFit(beta, kl)
+    return BetaFit(beta, _kl(p, torch.log_softmax(-beta[..., None] * E, -1)))
+
+
+def _kl(p: Tensor, log_q: Tensor) -> Tensor:
+    """KL(p || q) = sum p (log p - log q) over the last dimension, 0 log 0 = 0, float64, >= 0."""
+    return torch.where(p > 0, p * (p.clamp(min=1e-300).log() - log_q), 0.0).sum(-1).clamp(min=0.0)
 
 
 def _energies(hf: Tensor, Jf: Tensor | None, mf: Tensor | None) -> Tensor:
@@ -492,6 +495,18 @@ def effective_beta(h: Tensor, J: Tensor | None = None, *, mask: Tensor | None = 
     return BetaFit(fit.beta.reshape(batch), fit.kl.reshape(batch))
 
 
+def boltzmann_kl(h: Tensor, J: Tensor | None = None, *, mask: Tensor | None = None, beta: float = 1.0,
+                 **anneal_options) -> Tensor:
+    """KL(p_DQA || p_beta) in nats at a given beta (default 1: the distance to Boltzmann attention's
+    exp(-E)), shaped like h without its last dimension, float64. Arguments as in :func:`effective_beta`."""
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
+        raise ValueError(f"beta must be a finite number, got {beta!r}")
+    p = anneal_distribution(h, J, mask=mask, **anneal_options)
+    hf, Jf, mf, batch = _flatten(h, J, mask)
+    log_q = torch.log_softmax(-float(beta) * _energies(hf, Jf, mf), -1)
+    return _kl(p.reshape(-1, p.shape[-1]), log_q).reshape(batch)
+
+
 # The systems calibrate_energy_scale fits on, after what training produced (measured; see its docstring).
 CALIBRATION_SYSTEMS = dict(sizes=(4, 6, 8), num_systems=16, field_mean=-1.3, field_std=0.4, coupling_std=0.25,
                            seed=0)
@@ -514,14 +529,8 @@ def calibration_objective(energy_scale: float, target_beta: float = 1.0, *, syst
         c = CALIBRATION_SYSTEMS
         systems = [calibration_systems(n, c["num_systems"], c["field_mean"], c["field_std"], c["coupling_std"],
                                        c["seed"]) for n in c["sizes"]]
-    options = _with_defaults({**anneal_options, "energy_scale": energy_scale})
-    total, count = 0.0, 0
-    for h, J in systems:
-        p = _simulate(h, J, None, **options)
-        log_q = torch.log_softmax(-target_beta * _energies(h, J, None), -1)
-        total += float(torch.where(p > 0, p * (p.clamp(min=1e-300).log() - log_q), 0.0).sum())
-        count += h.shape[0]
-    return total / count
+    kl = [boltzmann_kl(h, J, beta=target_beta, energy_scale=energy_scale, **anneal_options) for h, J in systems]
+    return float(torch.cat(kl).mean())
 
 
 _GRID = np.logspace(-4.0, 2.0, 31)  # energy scales searched first (then refined by golden section)
