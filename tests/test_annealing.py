@@ -262,3 +262,131 @@ def test_masked_distribution_equals_full_width_with_absent_spins_zeroed(per_quer
         full = anneal_distribution(h[q] * m[q], Jq, trotter_steps=40)
         assert torch.allclose(p[q], full, atol=1e-12), q
     assert torch.allclose(p[2], torch.full((2 ** n,), 2.0 ** -n, dtype=DT))
+
+
+# ------------------------------------------------------------------- effective temperature and calibration
+
+def test_fit_beta_recovers_planted_boltzmann_distributions():
+    """p = exp(-beta E) / Z for planted betas (hot, cold, negative): the fit returns beta with KL ~ 0."""
+    g = gen(20)
+    E = 2.0 * torch.randn(4, 32, dtype=DT, generator=g)
+    planted = torch.tensor([-0.7, 0.05, 1.0, 3.5], dtype=DT)
+    p = torch.softmax(-planted[:, None] * E, -1)
+    fit = annealing.fit_beta(p, E)
+    assert torch.allclose(fit.beta, planted, rtol=1e-9, atol=1e-10)
+    assert (fit.kl < 1e-12).all()
+
+
+def test_fit_beta_minimises_the_kl_against_a_grid_search():
+    """Non-Boltzmann p: the fitted beta's KL is the minimum of a brute-force numpy grid of KL(p || p_beta)."""
+    rng = np.random.default_rng(21)
+    for _ in range(3):
+        E = rng.normal(size=16) * 1.5
+        p = rng.dirichlet(np.ones(16) * 0.5)
+        betas = np.linspace(-5, 5, 100001)
+        logits = -betas[:, None] * E[None]
+        log_q = logits - np.logaddexp.reduce(logits, axis=1)[:, None]
+        kl = (p[None] * (np.log(p)[None] - log_q)).sum(1)
+        fit = annealing.fit_beta(torch.from_numpy(p), torch.from_numpy(E))
+        assert abs(float(fit.beta) - betas[kl.argmin()]) < 2e-4
+        assert float(fit.kl) <= kl.min() + 1e-12 and float(fit.kl) == pytest.approx(kl.min(), abs=1e-8)
+        q = torch.softmax(-fit.beta * torch.from_numpy(E), -1)  # moment matching: <E>_beta = <E>_p
+        assert float(q @ torch.from_numpy(E)) == pytest.approx(float(p @ E), abs=1e-10)
+
+
+def test_fit_beta_limits_and_errors():
+    E = torch.tensor([[0.0, 1.0, 2.0], [1.0, 1.0, 1.0]], dtype=DT)
+    p = torch.tensor([[1.0, 0.0, 0.0], [0.2, 0.3, 0.5]], dtype=DT)
+    fit = annealing.fit_beta(p, E, max_beta=50.0)
+    assert float(fit.beta[0]) == pytest.approx(50.0, rel=1e-9)  # ground state only: as cold as allowed
+    assert float(fit.beta[1]) == 0.0  # constant energy: every beta alike
+    assert float(fit.kl[1]) == pytest.approx(float((p[1] * (p[1] * 3).log()).sum()), abs=1e-12)
+    for bad in (dict(probabilities=p[:, :2], energies=E), dict(probabilities=-p, energies=E),
+                dict(probabilities=p * 2, energies=E), dict(probabilities=p, energies=E * float("nan")),
+                dict(probabilities=p, energies=E, max_beta=0.0)):
+        with pytest.raises(ValueError):
+            annealing.fit_beta(**bad)
+
+
+def test_effective_beta_closed_forms():
+    """One spin, and independent spins of one field: every distribution of theirs is Boltzmann, with
+    beta = atanh(<s>) / h from the simulated marginal; KL 0. Masked = the smaller system."""
+    options = dict(anneal_time_ns=1.0, trotter_steps=100)
+    h = torch.tensor([[0.8], [-0.3]], dtype=DT)
+    fit = annealing.effective_beta(h, **options)
+    m = dqa_exact_marginals(h, None, None, None, **options)
+    assert torch.allclose(fit.beta, torch.atanh(m[:, 0]) / h[:, 0], rtol=1e-9)
+    assert (fit.kl < 1e-12).all()
+    same = torch.full((3,), 0.6, dtype=DT)
+    fit = annealing.effective_beta(same, torch.zeros(3, 3, dtype=DT), **options)
+    m = dqa_exact_marginals(same, None, None, None, **options)
+    assert float(fit.beta) == pytest.approx(float(torch.atanh(m[0]) / 0.6), rel=1e-9) and float(fit.kl) < 1e-12
+    h, J = random_problem(5, 22, 0.5, batch=(2,))
+    mask = torch.tensor([[True, False, True, True, False], [True] * 5])
+    fit = annealing.effective_beta(h, J, mask=mask, **options)
+    keep = [0, 2, 3]
+    small = annealing.effective_beta(h[0, keep], J[keep][:, keep], **options)
+    assert fit.beta.shape == (2,) and float(fit.beta[0]) == pytest.approx(float(small.beta), rel=1e-8)
+    assert float(fit.kl[0]) == pytest.approx(float(small.kl), rel=1e-6, abs=1e-14)
+
+
+def test_effective_beta_is_linear_in_the_energy_scale_when_hot():
+    """Fast-quench end: beta_eff -> 0 with the energy scale, proportionally (the high-temperature regime)."""
+    h, J = random_problem(4, 23, 0.5, batch=(3,))
+    b1 = annealing.effective_beta(h, J, energy_scale=1e-3).beta
+    b2 = annealing.effective_beta(h, J, energy_scale=2e-3).beta
+    assert (b1 > 0).all() and torch.allclose(b2 / b1, torch.full_like(b1, 2.0), rtol=1e-2)
+
+
+FAST = dict(trotter_steps=50)  # cheap anneals for the calibration's contract tests
+
+
+def test_calibration_is_the_minimum_and_cached():
+    small = dict(sizes=(3,), num_systems=4, **FAST)
+    annealing._calibrated_scale.cache_clear()
+    c = annealing.calibrate_energy_scale(1.0, **small)
+    assert annealing.calibrate_energy_scale(1.0, **small) == c
+    assert annealing._calibrated_scale.cache_info().hits == 1
+    systems = [annealing.calibration_systems(3, 4, **{k: annealing.CALIBRATION_SYSTEMS[k] for k in
+                                                      ("field_mean", "field_std", "coupling_std", "seed")})]
+    at = annealing.calibration_objective(c, systems=systems, **FAST)
+    for factor in (0.97, 1.03):
+        assert at <= annealing.calibration_objective(c * factor, systems=systems, **FAST)
+    assert annealing.calibrate_energy_scale(2.0, **small) > c  # colder: a larger scale
+
+
+def test_target_beta_uses_the_calibrated_scale():
+    h, J = random_problem(4, 24, 0.5, batch=(2,))
+    c = annealing.calibrate_energy_scale(1.0, **FAST)
+    p = anneal_distribution(h, J, target_beta=1.0, **FAST)
+    assert torch.equal(p, anneal_distribution(h, J, energy_scale=c, **FAST))
+    m = dqa_marginals(h, J, None, None, num_samples=50, seed=0, target_beta=1.0, **FAST)
+    assert torch.equal(m, dqa_marginals(h, J, None, None, num_samples=50, seed=0, energy_scale=c, **FAST))
+    from boltzmann_attention import ising
+    m = ising.marginals(h, J, method="dqa", num_samples=50, seed=0, target_beta=1.0, **FAST)
+    assert torch.equal(m, dqa_marginals(h, J, None, None, num_samples=50, seed=0, energy_scale=c, **FAST))
+    with pytest.raises(ValueError, match="not both"):
+        anneal_distribution(h, J, target_beta=1.0, energy_scale=1.0)
+    with pytest.raises(ValueError, match="not both"):
+        ising.marginals(h, J, method="dqa", target_beta=1.0, energy_scale=0.1)
+    for bad in (dict(target_beta=0.0), dict(target_beta=-1.0), dict(target_beta=float("inf")),
+                dict(energy_scale=0.1), dict(target_beta=1.0, sizes=()), dict(sizes=(17,)), dict(num_systems=0),
+                dict(field_std=-1.0), dict(coupling_std=float("nan")), dict(trotter_steps=0), dict(steps=3)):
+        with pytest.raises(ValueError):
+            annealing.calibrate_energy_scale(**bad)
+
+
+def test_calibrated_dqa_is_near_boltzmann_on_held_out_systems():
+    """At the default anneal (5 ns, 200 steps), DQA at the calibrated scale against exp(-E) on systems of the
+    calibration's distribution with another seed (measured: beta_eff 0.95..1.07, KL to exp(-E) 0.0002..0.016
+    at n = 4..8)."""
+    c = annealing.calibrate_energy_scale(1.0)
+    s = annealing.CALIBRATION_SYSTEMS
+    for n in (4, 6):
+        h, J = annealing.calibration_systems(n, 8, s["field_mean"], s["field_std"], s["coupling_std"], seed=7)
+        fit = annealing.effective_beta(h, J, energy_scale=c)
+        assert (fit.beta - 1.0).abs().max() < 0.1 and fit.kl.max() < 0.03
+        p = anneal_distribution(h, J, energy_scale=c)
+        kl_to_boltzmann = (p * (p.log() - torch.log_softmax(-annealing._energies(h, J, None), -1))).sum(-1)
+        assert kl_to_boltzmann.max() < 0.04
+        assert torch.allclose(annealing.boltzmann_kl(h, J, energy_scale=c), kl_to_boltzmann, atol=1e-12)

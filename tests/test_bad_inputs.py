@@ -571,7 +571,8 @@ OPTION_ERRORS = {  # method: [(options, message)]
     "dqa": [({"trotter_steps": 0}, "trotter_steps"), ({"trotter_steps": True}, "trotter_steps"),
             ({"anneal_time_ns": 0.0}, "anneal_time_ns"), ({"anneal_time_ns": math.nan}, "anneal_time_ns"),
             ({"energy_scale": -1.0}, "energy_scale"), ({"schedule": "cubic"}, "unknown schedule"),
-            ({"a_max_ghz": True}, "a_max_ghz"), ({"b_max_ghz": math.inf}, "b_max_ghz")],
+            ({"a_max_ghz": True}, "a_max_ghz"), ({"b_max_ghz": math.inf}, "b_max_ghz"),
+            ({"target_beta": 0.0}, "target_beta"), ({"target_beta": 1.0, "energy_scale": 0.1}, "not both")],
     "reference": [({"max_spins": 3}, "takes no options")],
 }
 

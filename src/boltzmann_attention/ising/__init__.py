@@ -31,6 +31,9 @@ Sampled methods (gibbs, pt, dqa, sqa, and any dimod sampler through :class:`Dimo
 straight-through surrogate) or 'nudged' (a second sampling phase; works with any sampler). See
 ``_sampling.py``.
 
+``dqa`` with ``target_beta=1.0`` runs the anneal at the energy scale calibrated to approximate exp(-E)
+(``annealing.calibrate_energy_scale``; ``annealing.effective_beta`` measures any anneal's temperature).
+
 No method is ever replaced by another behind the caller's back: a method that cannot handle an input
 raises an error naming its limit and the alternatives.
 """

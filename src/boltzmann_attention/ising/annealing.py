@@ -52,6 +52,14 @@ it. So rows are simulated on their present spins (padded to a small common width
 the absent ones are put back as uniform bits. The limit ``MAX_SPINS`` applies to the full width n,
 present or not.
 
+Boltzmann regime (SCALING.md §4; Gyhm et al., arXiv:2409.18126): a fast anneal, or a small energy scale,
+leaves the state near uniform, with log p(s) linear in E(s) to first order: an effective inverse temperature.
+``effective_beta`` fits it per system (the beta minimising KL(p_DQA || p_beta), p_beta proportional to
+exp(-beta E)) and reports the KL left; ``calibrate_energy_scale`` finds the energy scale at which DQA is
+closest to exp(-target_beta E) on random systems like those training produces, and ``target_beta=`` uses it.
+At the defaults (5 ns, linear, 200 steps) that scale is about 0.034, not 1: at energy_scale 1 the anneal is
+near-adiabatic (beta_eff of several units, far from Boltzmann). Measurements: report/dqa_calibration/.
+
 Cost: about n/4 GEMM passes with 16 x 16 blocks plus one complex exponential per amplitude and step. Measured
 for a causal window at batch 64 (64 T queries, 200 steps, one core, the other core busy): 8 ms at T = 4,
 50 ms at T = 6, 0.11 s at T = 8 (0.42 s at full width), 0.39 s at T = 10 (2.7 s at full width); 2-3x faster
@@ -62,7 +70,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
+from functools import lru_cache, partial
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -70,7 +79,7 @@ from torch import Tensor
 
 from ._inputs import check_inputs
 from ._sampling import resolve_generator, sampled_marginals
-from .reference import configurations
+from .reference import configurations, negative_energies
 
 MAX_SPINS = 16
 TWO_PI = 2.0 * math.pi  # GHz * ns -> radians: phase = 2 pi * frequency[GHz] * time[ns]
@@ -298,18 +307,23 @@ def _flatten(h: Tensor, J: Tensor | None, mask: Tensor | None):
 def anneal_distribution(h: Tensor, J: Tensor | None = None, *, mask: Tensor | None = None,
                         anneal_time_ns: float = 5.0, trotter_steps: int = 200, schedule: str | Schedule = "linear",
                         a_max_ghz: float | None = None, b_max_ghz: float | None = None,
-                        energy_scale: float = 1.0) -> Tensor:
+                        energy_scale: float | None = None, target_beta: float | None = None) -> Tensor:
     """Final measurement probabilities of simulated DQA over the 2^n basis states, (..., 2^n) float64.
 
     h: (..., n) or (n,); J: (n, n) or broadcastable (..., n, n); mask: (..., n) bool (absent spins are
     zeroed, see the module docstring). Basis index bit j is spin j, 1 meaning s_j = +1. Times in ns,
     a_max_ghz = A(0) and b_max_ghz = B(1) in GHz (named schedules; default 6.366401 and 14.55571);
-    energy_scale multiplies h and J. Not differentiable. n <= MAX_SPINS (16).
+    energy_scale multiplies h and J (default 1). target_beta: instead of energy_scale, the scale
+    :func:`calibrate_energy_scale` fits for this anneal and target (both given: an error). Not
+    differentiable. n <= MAX_SPINS (16).
     """
     check_inputs(h, J, None, mask)
     _check_size(h.shape[-1])
+    options = _with_defaults(dict(anneal_time_ns=anneal_time_ns, trotter_steps=trotter_steps, schedule=schedule,
+                                  a_max_ghz=a_max_ghz, b_max_ghz=b_max_ghz, energy_scale=energy_scale,
+                                  target_beta=target_beta))
     hf, Jf, mf, batch = _flatten(h, J, mask)
-    p = _simulate(hf, Jf, mf, anneal_time_ns, trotter_steps, schedule, a_max_ghz, b_max_ghz, energy_scale)
+    p = _simulate(hf, Jf, mf, **options)
     return p.reshape(*batch, p.shape[-1])
 
 
@@ -344,6 +358,8 @@ def dqa_marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
     both) fixes the draws. Gradients in h and J come from the samples by ``gradient`` ('covariance', 'ste'
     or 'nudged', see ``_sampling``); the final DQA state is not a Boltzmann distribution, so 'covariance'
     is the Boltzmann identity applied to it (an approximation, like the paper's straight-through estimator).
+    ``target_beta=1.0`` runs the anneal at the calibrated energy scale (:func:`calibrate_energy_scale`),
+    where it approximates exp(-E).
     """
     _check_pairwise(K)
     check_inputs(h, J, None, mask)
@@ -367,19 +383,234 @@ def dqa_exact_marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Ten
     return m.to(h.dtype).reshape(*batch, h.shape[-1])
 
 
-# the anneal's options and their defaults
+# the anneal's options and their defaults (energy_scale None: 1, or the calibrated scale with target_beta)
 ANNEAL_OPTIONS = dict(anneal_time_ns=5.0, trotter_steps=200, schedule="linear", a_max_ghz=None, b_max_ghz=None,
-                      energy_scale=1.0)
+                      energy_scale=None, target_beta=None)
 
 
 def _with_defaults(options: dict) -> dict:
+    """The options with their defaults, target_beta resolved into energy_scale: _simulate's keywords."""
     unknown = set(options) - set(ANNEAL_OPTIONS)
     if unknown:
         raise ValueError(f"unknown DQA option(s) {sorted(unknown)}; known: {sorted(ANNEAL_OPTIONS)}")
-    return {**ANNEAL_OPTIONS, **options}
+    full = {**ANNEAL_OPTIONS, **options}
+    target = full.pop("target_beta")
+    if target is None:
+        full["energy_scale"] = 1.0 if full["energy_scale"] is None else full["energy_scale"]
+    elif full["energy_scale"] is not None:
+        raise ValueError(f"give energy_scale or target_beta, not both (got energy_scale={full['energy_scale']!r} "
+                         f"and target_beta={target!r}): target_beta sets the energy scale by calibration")
+    else:
+        full["energy_scale"] = calibrate_energy_scale(target, **{k: v for k, v in full.items()
+                                                                  if k != "energy_scale"})
+    return full
 
 
 def _check_pairwise(K: Tensor | None) -> None:
     if K is not None:
         raise ValueError("method 'dqa' is pairwise only (the annealer's H_P has h and J); got K. "
                          "Use method='exact' or 'reference' for three-body terms.")
+
+
+# ------------------------------------------------------------------- the Boltzmann regime: beta_eff, calibration
+
+class BetaFit(NamedTuple):
+    """beta (...,) and KL(p || p_beta) (...,) at that beta, in nats, float64."""
+
+    beta: Tensor
+    kl: Tensor
+
+
+def fit_beta(probabilities: Tensor, energies: Tensor, *, max_beta: float = 1e3) -> BetaFit:
+    """The beta minimising KL(p || p_beta), p_beta(s) = exp(-beta E(s)) / Z(beta), per system.
+
+    probabilities p and energies E: (..., C) over the same C states (computed in float64). KL(p || p_beta)
+    = sum p log p + beta <E>_p + log Z(beta) is convex in beta: its derivative is <E>_p - <E>_beta and its
+    second derivative Var_beta(E) >= 0. So the minimiser is the root of <E>_beta = <E>_p (moment matching),
+    found by Newton steps kept inside a bisection bracket [-max_beta, max_beta] (to 1e-12 relative).
+    beta is -max_beta or +max_beta where p is hotter or colder than every beta in range (e.g. p on the ground
+    states only: beta -> infinity), and 0 where E is constant over the states (every beta fits alike).
+    """
+    if not isinstance(probabilities, Tensor) or not isinstance(energies, Tensor) \
+            or probabilities.shape != energies.shape or probabilities.dim() < 1:
+        raise ValueError("probabilities and energies must be tensors of the same shape (..., C), got "
+                         f"{tuple(getattr(probabilities, 'shape', ()))} and {tuple(getattr(energies, 'shape', ()))}")
+    if isinstance(max_beta, bool) or not isinstance(max_beta, (int, float)) or not 0 < max_beta < math.inf:
+        raise ValueError(f"max_beta must be a finite number > 0, got {max_beta!r}")
+    p, E = probabilities.detach().double(), energies.detach().double()
+    if not (torch.isfinite(p).all() and torch.isfinite(E).all()) or (p < 0).any() \
+            or ((p.sum(-1) - 1).abs() > 1e-6).any():
+        raise ValueError("probabilities must be finite, >= 0 and sum to 1 over the last dimension; energies finite")
+    target = (p * E).sum(-1)                                     # <E>_p
+    spread = E.amax(-1) - E.amin(-1)
+    constant = spread <= 1e-12 * (1.0 + E.abs().amax(-1))
+    lo = torch.full_like(target, -float(max_beta))
+    hi = torch.full_like(target, float(max_beta))
+    beta = torch.zeros_like(target)
+    for _ in range(400):  # Newton converges in ~10; plain bisection of [-1e3, 1e3] to 1e-12 would need ~50
+        w = torch.softmax(-beta[..., None] * E, -1)
+        mean = (w * E).sum(-1)
+        var = (w * (E - mean[..., None]).square()).sum(-1)
+        g = target - mean                                        # d KL / d beta, increasing in beta
+        hi = torch.where(g > 0, beta, hi)
+        lo = torch.where(g < 0, beta, lo)
+        newton = beta - g / var.clamp(min=1e-300)
+        inside = (var > 0) & (newton > lo) & (newton < hi)
+        new = torch.where(inside, newton, (lo + hi) / 2)
+        new = torch.where((g == 0) | constant, torch.where(constant, 0.0, beta), new)
+        done = bool(((new - beta).abs() <= 1e-12 * (1.0 + beta.abs())).all())
+        beta = new
+        if done:
+            break
+    return BetaFit(beta, _kl(p, torch.log_softmax(-beta[..., None] * E, -1)))
+
+
+def _kl(p: Tensor, log_q: Tensor) -> Tensor:
+    """KL(p || q) = sum p (log p - log q) over the last dimension, 0 log 0 = 0, float64, >= 0."""
+    return torch.where(p > 0, p * (p.clamp(min=1e-300).log() - log_q), 0.0).sum(-1).clamp(min=0.0)
+
+
+def _energies(hf: Tensor, Jf: Tensor | None, mf: Tensor | None) -> Tensor:
+    """E(s) over the 2^n basis states, (N, 2^n) float64, of flat h (N, n), J (N or 1, n, n), mask (N, n)."""
+    h, J = hf.detach().double(), None if Jf is None else Jf.detach().double()
+    if mf is not None:
+        h = h * mf
+        J = None if J is None else J * (mf[:, :, None] & mf[:, None, :])
+    return -negative_energies(h, J, None, configurations(h.shape[-1], device=h.device))
+
+
+def effective_beta(h: Tensor, J: Tensor | None = None, *, mask: Tensor | None = None, max_beta: float = 1e3,
+                   **anneal_options) -> BetaFit:
+    """DQA's effective inverse temperature: per system, the beta minimising KL(p_DQA || p_beta), and that KL.
+
+    h: (..., n); J: broadcastable (..., n, n); mask: (..., n) bool (absent spins are uniform in both
+    distributions, so they add nothing to the KL). p_DQA = :func:`anneal_distribution` (``anneal_options``:
+    its options, energy_scale and target_beta included); p_beta(s) proportional to exp(-beta E(s)) with E the
+    package's energy of h and J *as given* (not times energy_scale), so beta = 1 means DQA samples exp(-E).
+    Returns :class:`BetaFit` with beta and kl of the batch shape (float64); see :func:`fit_beta`.
+    """
+    p = anneal_distribution(h, J, mask=mask, **anneal_options)
+    hf, Jf, mf, batch = _flatten(h, J, mask)
+    fit = fit_beta(p.reshape(-1, p.shape[-1]), _energies(hf, Jf, mf), max_beta=max_beta)
+    return BetaFit(fit.beta.reshape(batch), fit.kl.reshape(batch))
+
+
+def boltzmann_kl(h: Tensor, J: Tensor | None = None, *, mask: Tensor | None = None, beta: float = 1.0,
+                 **anneal_options) -> Tensor:
+    """KL(p_DQA || p_beta) in nats at a given beta (default 1: the distance to Boltzmann attention's
+    exp(-E)), shaped like h without its last dimension, float64. Arguments as in :func:`effective_beta`."""
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
+        raise ValueError(f"beta must be a finite number, got {beta!r}")
+    p = anneal_distribution(h, J, mask=mask, **anneal_options)
+    hf, Jf, mf, batch = _flatten(h, J, mask)
+    log_q = torch.log_softmax(-float(beta) * _energies(hf, Jf, mf), -1)
+    return _kl(p.reshape(-1, p.shape[-1]), log_q).reshape(batch)
+
+
+# The systems calibrate_energy_scale fits on, after what training produced (measured; see its docstring).
+CALIBRATION_SYSTEMS = dict(sizes=(4, 6, 8), num_systems=16, field_mean=-1.3, field_std=0.4, coupling_std=0.25,
+                           seed=0)
+
+
+def calibration_systems(n: int, num_systems: int, field_mean: float, field_std: float, coupling_std: float,
+                        seed: int) -> tuple[Tensor, Tensor]:
+    """Random systems h (num_systems, n), J (num_systems, n, n), float64: h_j ~ N(field_mean, field_std^2),
+    J_jk = J_kj ~ N(0, coupling_std^2) for j < k, J_jj = 0; from torch.Generator seeded with 1000 seed + n."""
+    g = torch.Generator().manual_seed(1000 * seed + n)
+    h = field_mean + field_std * torch.randn(num_systems, n, dtype=torch.float64, generator=g)
+    W = (coupling_std * torch.randn(num_systems, n, n, dtype=torch.float64, generator=g)).triu(1)
+    return h, W + W.transpose(-1, -2)
+
+
+def calibration_objective(energy_scale: float, target_beta: float = 1.0, *, systems=None, **anneal_options) -> float:
+    """Mean over ``systems`` (a list of (h, J), default those of CALIBRATION_SYSTEMS) of
+    KL(p_DQA || p_target), p_target proportional to exp(-target_beta E), DQA run at ``energy_scale``."""
+    if systems is None:
+        c = CALIBRATION_SYSTEMS
+        systems = [calibration_systems(n, c["num_systems"], c["field_mean"], c["field_std"], c["coupling_std"],
+                                       c["seed"]) for n in c["sizes"]]
+    kl = [boltzmann_kl(h, J, beta=target_beta, energy_scale=energy_scale, **anneal_options) for h, J in systems]
+    return float(torch.cat(kl).mean())
+
+
+_GRID = np.logspace(-4.0, 2.0, 31)  # energy scales searched first (then refined by golden section)
+
+
+def calibrate_energy_scale(target_beta: float = 1.0, *, sizes: tuple[int, ...] = CALIBRATION_SYSTEMS["sizes"],
+                           num_systems: int = CALIBRATION_SYSTEMS["num_systems"],
+                           field_mean: float = CALIBRATION_SYSTEMS["field_mean"],
+                           field_std: float = CALIBRATION_SYSTEMS["field_std"],
+                           coupling_std: float = CALIBRATION_SYSTEMS["coupling_std"],
+                           seed: int = CALIBRATION_SYSTEMS["seed"], **anneal_options) -> float:
+    """The energy scale c at which DQA's output is closest to Boltzmann at ``target_beta``.
+
+    c minimises the mean over random systems of KL(p_DQA(c) || p_target), p_target(s) proportional to
+    exp(-target_beta E(s)) (:func:`calibration_objective`). The systems (:func:`calibration_systems`):
+    ``num_systems`` per size in ``sizes``, h_j ~ N(field_mean, field_std^2), J_jk ~ N(0, coupling_std^2),
+    seeded. The defaults follow what training produced: the DQA study's windows T = 4, 6, 8; h+J models
+    trained on Shakespeare (2000 steps, measured once on one batch) fed their marginals fields of mean -1.28,
+    -1.31, -1.46 and std 0.41, 0.38, 0.52 at T = 4, 8, 16 (the learned field bias near -log(T) / 2 plus
+    the QK scores), and the committed runs' learned J have an rms of 0.12 to 0.29 per entry at T = 4..16
+    (0.25 at T = 8 in that run), about constant in T, so J is not scaled by 1 / sqrt(n). How c moves with
+    n and the field scale is in report/dqa_calibration/.
+
+    Search: 31 scales from 1e-4 to 1e2 (log grid), then golden section between the best one's neighbours
+    (to 1e-4 relative); an optimum at the grid's edge is an error. ``anneal_options``: those of
+    :func:`anneal_distribution` except energy_scale and target_beta. It minimises the KL; whether
+    beta_eff reaches target_beta there is :func:`effective_beta`'s to say. Deterministic and cached per
+    set of options (lru_cache): the default fit runs ~55 anneals of 48 systems, a few seconds on one core.
+    """
+    for name in ("energy_scale", "target_beta"):
+        if name in anneal_options:
+            raise ValueError(f"calibrate_energy_scale fits the energy scale: do not pass {name}")
+    if isinstance(target_beta, bool) or not isinstance(target_beta, (int, float)) \
+            or not 0 < target_beta < math.inf:
+        raise ValueError(f"target_beta must be a finite number > 0, got {target_beta!r}")
+    if not isinstance(sizes, (tuple, list)) or not sizes or any(
+            isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SPINS for n in sizes):
+        raise ValueError(f"sizes must be a non-empty tuple of integers in 1..{MAX_SPINS}, got {sizes!r}")
+    if isinstance(num_systems, bool) or not isinstance(num_systems, int) or num_systems < 1:
+        raise ValueError(f"num_systems must be an integer >= 1, got {num_systems!r}")
+    for name, value in (("field_mean", field_mean), ("field_std", field_std), ("coupling_std", coupling_std)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or (name != "field_mean" and value < 0):
+            raise ValueError(f"{name} must be a finite number{' >= 0' if name != 'field_mean' else ''}, "
+                             f"got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    options = {k: v for k, v in _with_defaults(anneal_options).items() if k != "energy_scale"}
+    _check_options(options["anneal_time_ns"], options["trotter_steps"], 1.0)
+    schedule_values(options["schedule"], np.array([0.0, 1.0]), options["a_max_ghz"], options["b_max_ghz"])
+    return _calibrated_scale(float(target_beta), tuple(sizes), num_systems, float(field_mean), float(field_std),
+                             float(coupling_std), seed, tuple(sorted(options.items())))
+
+
+@lru_cache(maxsize=64)
+def _calibrated_scale(target_beta, sizes, num_systems, field_mean, field_std, coupling_std, seed, options) -> float:
+    systems = [calibration_systems(n, num_systems, field_mean, field_std, coupling_std, seed) for n in sizes]
+    options = dict(options)
+
+    def f(log_c: float) -> float:
+        return calibration_objective(10.0 ** log_c, target_beta, systems=systems, **options)
+
+    grid = np.log10(_GRID)
+    values = [f(x) for x in grid]
+    best = int(np.argmin(values))
+    if best in (0, len(grid) - 1):
+        raise ValueError(f"calibrate_energy_scale: the KL to exp(-{target_beta:g} E) is smallest at the edge of "
+                         f"the searched energy scales ({_GRID[0]:g} .. {_GRID[-1]:g}), at {_GRID[best]:g}; "
+                         f"change the anneal (anneal_time_ns, schedule) so that the optimum lies inside")
+    a, b = grid[best - 1], grid[best + 1]
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    x1, x2 = b - ratio * (b - a), a + ratio * (b - a)
+    f1, f2 = f(x1), f(x2)
+    while b - a > 4e-5:  # log10 units: c to 1e-4 relative
+        if f1 <= f2:
+            b, x2, f2 = x2, x1, f1
+            x1 = b - ratio * (b - a)
+            f1 = f(x1)
+        else:
+            a, x1, f1 = x1, x2, f2
+            x2 = a + ratio * (b - a)
+            f2 = f(x2)
+    return float(10.0 ** ((a + b) / 2))
