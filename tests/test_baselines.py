@@ -36,7 +36,14 @@ def test_grids_follow_the_study_design(monkeypatch):
     assert grid == ({(T, m, s) for T in range(4, 15, 2) for m in best for s in range(5)}
                     | {(T, m, s) for T in (16, 20) for m in ("softmax", "h", "h+J") for s in range(3)})
     names = [name for grid in profile("baselines") for name, c in grid.runs() if c.steps == baselines.GRID_STEPS]
+    stage6 = 3 * 3 * 5 + 3 * 2 * 5  # three other field biases x (h, h+J, J); three J settings x (h+J, J)
     assert len(names) == len(set(names)) + 4 * 3  # stage 5 at T = 12 reuses stage 3's runs
+    fair = [c for c in long if c.T == 12 and c.steps == baselines.GRID_STEPS and c.seed == 0]
+    assert len(fair) == 2 * 4 + stage6 // 5  # stage 3 and stage 5 list the same four runs, then stage 6
+    assert {(c.learn_field_bias, c.field_bias_init) for c in fair if c.mode == "h"} == \
+        {(True, None), (False, 0.0), (True, 0.0), (False, -math.log(12))}
+    assert {(c.coupling_lr_multiplier, c.coupling_init_std) for c in fair if c.mode == "J"} == \
+        {(1.0, 0.0), (0.3, 0.0), (3.0, 0.0), (1.0, 0.1)} | {(1.0, 0.0)}
 
 
 @pytest.fixture(autouse=True)
@@ -131,3 +138,26 @@ def test_grid_section_reads_the_paper_tables(tmp_path):
     assert "#### shakespeare, J (variant `base`)" in text
     then_now = [line for line in text.splitlines() if line.startswith("| h+J ahead of softmax")][-1].split("|")
     assert then_now[2].strip().startswith("does not agree") and then_now[3].strip().startswith("partly agrees")
+
+
+def test_fair_section_pairs_each_setting(tmp_path):
+    """Stage 6: the J settings compare h+J with stage 5's h; a bias setting with its own h."""
+    steps = baselines.GRID_STEPS
+    for seed in range(3):
+        for mode, lr in baselines.BEST_LR.items():
+            write_run(tmp_path, "shakespeare", 12, mode, seed, variant=baselines.variant("gpt2", lr, steps),
+                      val=shakespeare_val(7.0 + 0.01 * seed), init="gpt2", lr=lr, steps=steps)
+        for mode in ("h", "h+J"):
+            write_run(tmp_path, "shakespeare", 12, mode, seed,
+                      variant=baselines.variant("gpt2", baselines.BEST_LR[mode], steps) + "-bias-fixed-0",
+                      val=shakespeare_val((7.7 if mode == "h" else 7.0) + 0.01 * seed), init="gpt2",
+                      lr=baselines.BEST_LR[mode], steps=steps, learn_field_bias=False, field_bias_init=0.0)
+        write_run(tmp_path, "shakespeare", 12, "h+J", seed,
+                  variant=baselines.variant("gpt2", baselines.BEST_LR["h+J"], steps) + "-jlr3",
+                  val=shakespeare_val(6.93 + 0.01 * seed), init="gpt2", steps=steps, coupling_lr_multiplier=3.0)
+    text = write_report(tmp_path, tmp_path / "rep").read_text()
+    rows = {line.split("|")[1].strip(): line.split("|") for line in text.splitlines()
+            if line.startswith(("| bias-", "| jlr"))}
+    assert rows["bias-fixed-0"][-2].strip().startswith("+9.0")   # h+J 7.0 against its own h at 7.7
+    assert rows["jlr3"][-2].strip().startswith("+1.0")           # 6.93 against stage 5's h at 7.0
+    assert rows["bias-learn-half-log-T (stage 5)"][-2].strip().startswith("+0.00")

@@ -22,6 +22,9 @@ its own best settings, in stages, each decided by a rule fixed before the runs i
    (softmax at T = 12 fell from 6.94 to 6.56 by 16000 steps, 3 seeds), the grid at 64000 steps would take
    about 20 hours of the 2-core machine, and at 16000 about 5. Stage 3 then says whether the ordering at
    16000 steps still holds at 64000.
+6. The fair study redone at T = 12 under the same recipe (5 seeds, `GRID_STEPS`): h, h+J and J with every
+   other field bias of `FIELD_BIASES` (stage 5 holds the default one), and J's sensitivity for h+J and J:
+   its learning-rate multiplier (0.3, 3) and a random initialisation N(0, 0.1^2) instead of 0.
 Every run uses AdamW's per-tensor loop (`fused_optimizer=False`), as the first stage's runs did. Later
 stages use the decisions of the earlier ones: `CHOSEN_INIT` and `BEST_LR` below hold them, with the
 measurement that set them in the report.
@@ -39,8 +42,9 @@ from ..plots import figure, finish, style
 from ..report import couplings_section, header_section, shakespeare_section
 from ..results import Group, Results, load_runs
 from ..stats import paired, relative, stat
-from ..sweep import Grid, with_field_bias
+from ..sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid, with_field_bias
 from ..tables import duration, fmt_stat, md_table, table_with_holm
+from .fair import J_INIT_STD, J_LR_MULTIPLIERS
 
 MODES = ("softmax", "h", "J", "h+J")
 INIT_SEEDS = (0, 1, 2, 3, 4)
@@ -53,6 +57,7 @@ CONVERGENCE_T = 12
 GRID_STEPS = 16000  # stage 5's training length (see the docstring for how it was fixed)
 GRID_TS = (8, 12, 4, 6, 10, 14)  # in the order they run: the init study's windows first
 GRID_SEEDS = (0, 1, 2, 3, 4)
+FAIR_T = 12
 LONG_TS = (16, 20)  # exact's cost grows as 2^T: 3 seeds, no J-only (as in the paper)
 LONG_MODES = ("softmax", "h", "h+J")
 
@@ -98,7 +103,7 @@ def baselines_grids(field_bias: str) -> list[Grid]:
     for steps in STEPS[1:]:
         grids += [_grid(CONVERGENCE_T, (mode,), SEEDS, CHOSEN_INIT, lr, steps) for mode, lr in BEST_LR.items()]
     grids += paper_grid()
-    return with_field_bias(grids, field_bias)
+    return with_field_bias(grids, field_bias) + fair_grids(field_bias)
 
 
 def paper_grid() -> list[Grid]:
@@ -111,6 +116,34 @@ def paper_grid() -> list[Grid]:
 
 
 PROFILES = {"baselines": baselines_grids}
+
+
+FAIR_MODES = ("h", "h+J", "J")
+SENSITIVITY_MODES = ("h+J", "J")
+
+
+def fair_variants(field_bias: str = DEFAULT_FIELD_BIAS) -> dict[str, tuple[dict, str | None, tuple[str, ...]]]:
+    """Stage 6's settings: suffix of the variant name -> (TrainConfig overrides, field bias, modes). The
+    empty suffix is stage 5's run at the default field bias."""
+    out = {"": ({}, None, FAIR_MODES)}
+    out |= {f"-bias-{b}": ({}, b, FAIR_MODES) for b in FIELD_BIASES if b != field_bias}
+    out |= {f"-jlr{m:g}": ({"coupling_lr_multiplier": m}, None, SENSITIVITY_MODES) for m in J_LR_MULTIPLIERS}
+    out[f"-jinit{J_INIT_STD:g}"] = ({"coupling_init_std": J_INIT_STD}, None, SENSITIVITY_MODES)
+    return out
+
+
+def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
+    """Stage 6 (see the module docstring), seed by seed."""
+    grids = []
+    for seed in GRID_SEEDS:
+        for suffix, (overrides, bias, modes) in fair_variants(field_bias).items():
+            if not suffix:
+                continue
+            for mode in modes:
+                g = _grid(FAIR_T, (mode,), (seed,), CHOSEN_INIT, BEST_LR[mode], GRID_STEPS)
+                grids.append(replace(g, variant=g.variant + suffix, overrides={**g.overrides, **overrides},
+                                     field_bias=bias or (None if field_bias == DEFAULT_FIELD_BIAS else field_bias)))
+    return grids
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -129,6 +162,7 @@ def report(res: Results, results_dir: Path, out: Path) -> list[str]:
     lines += learning_rate_section(res)
     lines += convergence_section(res, out)
     lines += grid_section(res, out)
+    lines += fair_section(res)
     return lines
 
 
@@ -369,3 +403,32 @@ def grid_section(res: Results, out: Path) -> list[str]:
                   "section's runs. A claim's verdict can change with the recipe, with the number of seeds or "
                   "with the T values measured.", "", md_table(["claim", "then", "now"], rows), ""]
     return lines
+
+
+# ---------------------------------------------------------------------------- stage 6: the fair study redone
+
+def fair_section(res: Results) -> list[str]:
+    """Per setting of stage 6: each mode's perplexity, against softmax and (h+J) against h, paired over seeds;
+    nothing until a stage-6 run exists."""
+    def values(mode: str, suffix: str) -> dict[int, float]:
+        return _values(_get(res, FAIR_T, mode, variant(CHOSEN_INIT, BEST_LR[mode], GRID_STEPS) + suffix))
+
+    settings = fair_variants()
+    if not any(values(m, suffix) for suffix, (_, _, modes) in settings.items() if suffix for m in modes):
+        return []
+    soft, h_default = values("softmax", ""), values("h", "")
+    cells = []
+    for suffix, (_, _, modes) in settings.items():
+        found = {m: values(m, suffix) if m in modes else {} for m in FAIR_MODES}
+        h = found["h"] if "h" in modes else h_default
+        row = [suffix.lstrip("-") or f"bias-{DEFAULT_FIELD_BIAS} (stage 5)"]
+        row += [fmt_stat(stat(found[m].values())) if found[m] else "" for m in FAIR_MODES]
+        row += [paired(soft, found[m], relative) if found[m] and soft else None for m in FAIR_MODES]
+        cells.append(row + [paired(h, found["h+J"], relative) if h and found["h+J"] else None])
+    return ["## 6. The fair study under the strong recipe", "",
+            f"T = {FAIR_T}, {GRID_STEPS} steps, each mode at its best lr; validation perplexity (all positions), "
+            "mean ± std over seeds; Δ% paired over seeds against stage 5's softmax, and what J adds (h+J against "
+            "h of the same setting; for the J settings, against stage 5's h), positive = better; `*` p < 0.05, "
+            "`**` also after a Holm correction over the table.", "",
+            table_with_holm(["setting"] + [f"{m} PPL" for m in FAIR_MODES]
+                            + [f"{m} vs softmax, Δ%" for m in FAIR_MODES] + ["h+J vs h, Δ%"], cells), ""]
