@@ -96,20 +96,20 @@ def boltzmann_grids(field_bias: str) -> list[Grid]:
     ``sampling-boltzmann``) as references. Every DQA run is also evaluated with exact marginals (``val_exact``,
     ``test_exact``), as in the sampling study.
 
-    Recipe: the strong baselines' (init gpt2, lr 3e-3: the best of softmax and h+J, unfused AdamW). Length:
-    4000 steps, the sampling study's, not the baselines' 16000, fixed by the budget before any run of this
-    profile was seen. Step times measured on this 2-core machine while a sweep kept both cores busy (load
-    4.6-5.2; one thread, nice 5; median of 20 steps, batch 64, the three interleaved in one process), exact /
-    DQA straight-through / DQA covariance: T = 8 Shakespeare 19 / 342 / 358 ms, brackets 14 / 252 / 261 ms;
-    T = 6 Shakespeare 16 / 198 / 203 ms; T = 4 12 / 39 / 40 ms (the calibration itself: 6 s once per process).
-    So covariance costs 2-5% more than straight-through, and the anneal's cost does not depend on its energy
-    scale, so the sampling study's wall times on a quiet machine (two runs at a time, one thread each) give
-    the budget: 28 min per seed and gradient for both tasks at T = 4, 6, 8 (Shakespeare 49, 241 and 567 s;
-    brackets 52, 295 and 478 s), i.e. 2.9 h of one core for the 36 DQA runs and about
-    20 min for the 36 exact ones: about 3.2 h of one core, 1.6 h with ``--jobs 2``. 16000 steps would take
-    about 12.5 h of one core, so they do not fit. The exact Shakespeare runs at T = 8 have the config of the
-    baselines study's stage-1 gpt2 runs (4000 steps, lr 3e-3, unfused), so they also check that those
-    reproduce.
+    Recipe: the strong baselines' (init gpt2, lr 3e-3: the best of softmax and h+J, unfused AdamW). Length: 4000
+    steps, the sampling study's, not the baselines' 16000, fixed by the budget before any run of this profile was
+    seen. Step times measured on this 2-core machine while a sweep kept both cores busy (load 4.6-5.2; one thread,
+    nice 5; median of 20 steps, batch 64, the three interleaved in one process), exact / DQA straight-through / DQA
+    covariance: T = 8 Shakespeare 19 / 342 / 358 ms, brackets 14 / 252 / 261 ms; T = 6 Shakespeare 16 / 198 / 203
+    ms; T = 4 Shakespeare 12 / 39 / 40 ms; one evaluation through DQA (2048 windows) 12.8 s at T = 8, five per run;
+    the calibration itself 6 s, once per process. So covariance costs 2-5% more than straight-through; the anneal
+    does the same operations at any energy scale, so the sampling study's wall times on a quiet machine (two runs at
+    a time, one thread each; the evaluations every 1000 steps included, not the final ones) give the budget: 28 min
+    per seed and gradient for both tasks at T = 4, 6, 8 (Shakespeare 49, 241 and 567 s; brackets 52, 295 and 478 s),
+    i.e. 2.9 h of one core for the 36 DQA runs and about 20 min for the 36 exact ones: about 3.2 h of one core, 1.6
+    h with ``--jobs 2``. 16000 steps would take about 13 h of one core, so they do not fit. The exact Shakespeare
+    runs at T = 8 have the config of the baselines study's stage-1 gpt2 runs (4000 steps, lr 3e-3, unfused), so they
+    also check that those reproduce.
 
     In the order they run: the exact references (cheap), then DQA at T = 4, 6, 8, each T for both tasks and
     both gradients.
@@ -216,8 +216,6 @@ def sampler_section(res: Results) -> list[str]:
                             "sampler-trained, exact eval", "exact-trained", "training: exact eval − exact-trained",
                             "level?", "evaluation: sampler eval − exact eval"], split_rows), ""]
     return lines
-
-
 
 
 # ------------------------------------------------------------------------------- DQA's two regimes (issue 15)
