@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -390,3 +391,37 @@ def test_calibrated_dqa_is_near_boltzmann_on_held_out_systems():
         kl_to_boltzmann = (p * (p.log() - torch.log_softmax(-annealing._energies(h, J, None), -1))).sum(-1)
         assert kl_to_boltzmann.max() < 0.04
         assert torch.allclose(annealing.boltzmann_kl(h, J, energy_scale=c), kl_to_boltzmann, atol=1e-12)
+
+
+BAD_DQA_OPTIONS = [dict(target_beta=1.0, energy_scale=0.1), dict(target_beta=0.0), dict(target_beta=float("nan")),
+                   dict(target_beta=True), dict(energy_scale=-1.0), dict(anneal_time_ns=0.0), dict(trotter_steps=2.5),
+                   dict(schedule="cubic"), dict(a_max_ghz=-1.0), dict(schedule=lambda s: (1 - s, s), b_max_ghz=1.0),
+                   dict(gradient="exact"), dict(num_samples=0), dict(nudge=0.0), dict(seed=1.5),
+                   dict(seed=0, generator=torch.Generator())]
+
+
+@pytest.mark.parametrize("options", BAD_DQA_OPTIONS, ids=lambda o: ",".join(o))
+def test_validate_options_refuses_what_dqa_would(options):
+    """ising.validate_options('dqa', ...) raises the error dqa_marginals raises at its first call, without
+    annealing or calibrating anything (so BoltzmannAttention refuses the option when it is built)."""
+    from boltzmann_attention import BoltzmannAttention, ising
+
+    h, J = random_problem(3, 7)
+    with pytest.raises(ValueError) as at_call:
+        dqa_marginals(h, J, None, None, **{"trotter_steps": 5, **options})
+    annealing._calibrated_scale.cache_clear()
+    with pytest.raises(ValueError) as at_validation:
+        ising.validate_options("dqa", options)
+    assert str(at_validation.value) == str(at_call.value)
+    assert annealing._calibrated_scale.cache_info().misses == 0
+    with pytest.raises(ValueError, match=re.escape(str(at_call.value)[:40])):
+        BoltzmannAttention(embed_dim=8, num_heads=1, max_len=4, mode="h+J", method="dqa", method_options=options)
+
+
+def test_validate_options_accepts_the_training_settings():
+    from boltzmann_attention import ising
+
+    for gradient in ("ste", "covariance", "nudged"):
+        ising.validate_options("dqa", dict(target_beta=1.0, gradient=gradient, num_samples=100))
+    ising.validate_options("dqa", dict(energy_scale=0.0345, trotter_steps=800, schedule="dwave_quadratic", seed=3))
+    ising.validate_options("dqa", {})

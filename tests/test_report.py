@@ -601,7 +601,7 @@ def test_the_study_registry():
     from boltzmann_attention.experiments import studies
     from boltzmann_attention.experiments.results import Results, _load_run
 
-    assert studies.PROFILES == ("quick", "full", "fair", "sampling", "baselines")
+    assert studies.PROFILES == ("quick", "full", "fair", "sampling", "dqa-boltzmann", "baselines")
     for study in studies.STUDIES:
         assert callable(study.owns) and callable(study.report) and study.PROFILES
         for name, grids in study.PROFILES.items():
@@ -619,6 +619,7 @@ def test_the_study_registry():
     assert studies.study_of(results("base")) is studies.paper
     assert studies.study_of(results("noffn-bias-learn-0")) is studies.fair
     assert studies.study_of(results("sampling-trotter800")) is studies.sampling
+    assert studies.study_of(results("sampling-boltzmann-ste")) is studies.sampling
     assert studies.study_of(results("init-gpt2-lr0.01")) is studies.baselines
 
 

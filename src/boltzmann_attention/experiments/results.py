@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .train import LEGACY_CONFIG
+from .train import LEGACY_CONFIG, write_result
 
 ARCHIVE = "runs.jsonl.gz"  # every run's result, one JSON per line, written next to each report
 MODE_ORDER = ("softmax", "h+J", "h", "J", "h+K", "h+J+K")
@@ -137,6 +137,30 @@ def write_archive(runs: list[Run], out: Path) -> Path:
     with gzip.GzipFile(path, "wb", mtime=0) as f:
         f.write("".join(json.dumps(r.raw, separators=(",", ":")) + "\n" for r in runs).encode())
     return path
+
+
+def unpack_archive(archive: str | Path, results_dir: str | Path) -> list[Path]:
+    """Write every run of a ``runs.jsonl.gz`` archive to ``results_dir/runs/<run name>.json``, so that a sweep
+    into that folder adds runs beside them (the archived ones count as finished) and the folder's report covers
+    both, e.g. a committed study and a new profile of the same study. A file already there is left alone when
+    it holds the same result; one with another result is a ValueError (nothing is overwritten). Returns the
+    paths written."""
+    runs = load_runs(archive)
+    folder = Path(results_dir) / "runs"
+    for r in runs:
+        name = r.raw.get("run")
+        if not isinstance(name, str) or not name or Path(name).name != name or name.startswith("."):
+            raise ValueError(f"{r.path}: the run has no usable name ({name!r}); only a sweep's results can be unpacked")
+        path = folder / f"{name}.json"
+        if path.exists() and json.loads(path.read_text()) != r.raw:
+            raise ValueError(f"{path} already holds another result than {r.path}; nothing was written")
+    written = []
+    for r in runs:
+        path = folder / f"{r.raw['run']}.json"
+        if not path.exists():
+            write_result(r.raw, path)
+            written.append(path)
+    return written
 
 
 def _load_run(path: Path, text: str) -> Run:

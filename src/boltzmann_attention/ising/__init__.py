@@ -102,8 +102,9 @@ _DIMOD_OPTIONS = _keyword_options(DimodSampler.marginals)
 def validate_options(method, options: dict) -> None:
     """ValueError naming any option that ``method`` does not take, with the ones it does.
 
-    Also checks the values of exact's options (exact.py takes them as given). The other methods check
-    their option values themselves.
+    Also checks the values of exact's options (exact.py takes them as given) and of dqa's
+    (:func:`annealing.check_dqa_options`: e.g. energy_scale and target_beta together, before the first
+    anneal). The other methods check their option values themselves.
     """
     _lookup(method, 0)
     if not isinstance(options, dict):
@@ -116,6 +117,8 @@ def validate_options(method, options: dict) -> None:
         raise ValueError(f"unknown option(s) {unknown} for {name}; {takes}")
     if method == "exact" and "max_spins" in options:
         check_int("max_spins", options["max_spins"], 0)
+    if method == "dqa":
+        annealing.check_dqa_options(options)
 
 
 def _lookup(method, which: int) -> Callable:

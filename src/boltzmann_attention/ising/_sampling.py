@@ -90,12 +90,17 @@ def check_options(num_samples, gradient: str, nudge: float) -> None:
     check_real("nudge", nudge, minimum=0.0, open_minimum=True)
 
 
-def resolve_generator(device, seed: int | None, generator: torch.Generator | None) -> torch.Generator:
-    """The generator a sampling method uses: ``generator``, or a new one from ``seed`` (not both)."""
+def check_seed(seed: int | None, generator: torch.Generator | None) -> None:
+    """ValueError for both ``seed`` and ``generator``, or a seed that is not an int."""
     if seed is not None and generator is not None:
         raise ValueError("give either seed or generator, not both")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed must be an int, got {seed!r}")
+
+
+def resolve_generator(device, seed: int | None, generator: torch.Generator | None) -> torch.Generator:
+    """The generator a sampling method uses: ``generator``, or a new one from ``seed`` (not both)."""
+    check_seed(seed, generator)
     return generator if generator is not None else new_generator(device, seed)
 
 

@@ -68,6 +68,7 @@ than the same steps through two radix-16 Walsh-Hadamard transforms, timed side b
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from functools import lru_cache, partial
@@ -78,7 +79,7 @@ import torch
 from torch import Tensor
 
 from ._inputs import check_inputs
-from ._sampling import resolve_generator, sampled_marginals
+from ._sampling import check_options, check_seed, resolve_generator, sampled_marginals
 from .reference import configurations, negative_energies
 
 MAX_SPINS = 16
@@ -388,22 +389,62 @@ ANNEAL_OPTIONS = dict(anneal_time_ns=5.0, trotter_steps=200, schedule="linear", 
                       energy_scale=None, target_beta=None)
 
 
-def _with_defaults(options: dict) -> dict:
-    """The options with their defaults, target_beta resolved into energy_scale: _simulate's keywords."""
+def _anneal_defaults(options: dict) -> dict:
+    """The anneal's options with their defaults (target_beta not resolved); ValueError for an unknown name or
+    for energy_scale and target_beta both given."""
     unknown = set(options) - set(ANNEAL_OPTIONS)
     if unknown:
         raise ValueError(f"unknown DQA option(s) {sorted(unknown)}; known: {sorted(ANNEAL_OPTIONS)}")
     full = {**ANNEAL_OPTIONS, **options}
+    if full["target_beta"] is not None and full["energy_scale"] is not None:
+        raise ValueError(f"give energy_scale or target_beta, not both (got energy_scale={full['energy_scale']!r} "
+                         f"and target_beta={full['target_beta']!r}): target_beta sets the energy scale by "
+                         f"calibration")
+    return full
+
+
+def _with_defaults(options: dict) -> dict:
+    """The options with their defaults, target_beta resolved into energy_scale: _simulate's keywords."""
+    full = _anneal_defaults(options)
     target = full.pop("target_beta")
     if target is None:
         full["energy_scale"] = 1.0 if full["energy_scale"] is None else full["energy_scale"]
-    elif full["energy_scale"] is not None:
-        raise ValueError(f"give energy_scale or target_beta, not both (got energy_scale={full['energy_scale']!r} "
-                         f"and target_beta={target!r}): target_beta sets the energy scale by calibration")
     else:
         full["energy_scale"] = calibrate_energy_scale(target, **{k: v for k, v in full.items()
                                                                   if k != "energy_scale"})
     return full
+
+
+def _check_target_beta(target_beta) -> None:
+    if isinstance(target_beta, bool) or not isinstance(target_beta, (int, float)) \
+            or not 0 < target_beta < math.inf:
+        raise ValueError(f"target_beta must be a finite number > 0, got {target_beta!r}")
+
+
+def _check_anneal(full: dict) -> None:
+    """ValueError for a bad anneal time, step count, energy scale, schedule or schedule maximum in ``full`` (the
+    anneal's options with their defaults, energy_scale None standing for 1)."""
+    scale = 1.0 if full.get("energy_scale") is None else full["energy_scale"]
+    _check_options(full["anneal_time_ns"], full["trotter_steps"], scale)
+    schedule_values(full["schedule"], np.array([0.0, 1.0]), full["a_max_ghz"], full["b_max_ghz"])
+
+
+def check_dqa_options(options: dict) -> None:
+    """ValueError for any option value of method 'dqa' that :func:`dqa_marginals` would refuse at its first call:
+    the sampling options (num_samples, gradient, nudge; seed and generator, not both) and the anneal's
+    (anneal_time_ns, trotter_steps, schedule and its maxima, energy_scale or target_beta but not both).
+    Cheap: the calibration that target_beta implies is not run (its result is what the anneal uses).
+    ``ising.validate_options('dqa', options)`` calls it, so a bad config fails before any training.
+    """
+    own = {p.name: p.default for p in inspect.signature(dqa_marginals).parameters.values()
+           if p.kind is p.KEYWORD_ONLY}
+    sampling = {**own, **{k: v for k, v in options.items() if k in own}}
+    check_options(sampling["num_samples"], sampling["gradient"], sampling["nudge"])
+    check_seed(sampling["seed"], sampling["generator"])
+    full = _anneal_defaults({k: v for k, v in options.items() if k not in own})
+    if full["target_beta"] is not None:
+        _check_target_beta(full["target_beta"])
+    _check_anneal(full)
 
 
 def _check_pairwise(K: Tensor | None) -> None:
@@ -563,9 +604,7 @@ def calibrate_energy_scale(target_beta: float = 1.0, *, sizes: tuple[int, ...] =
     for name in ("energy_scale", "target_beta"):
         if name in anneal_options:
             raise ValueError(f"calibrate_energy_scale fits the energy scale: do not pass {name}")
-    if isinstance(target_beta, bool) or not isinstance(target_beta, (int, float)) \
-            or not 0 < target_beta < math.inf:
-        raise ValueError(f"target_beta must be a finite number > 0, got {target_beta!r}")
+    _check_target_beta(target_beta)
     if not isinstance(sizes, (tuple, list)) or not sizes or any(
             isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SPINS for n in sizes):
         raise ValueError(f"sizes must be a non-empty tuple of integers in 1..{MAX_SPINS}, got {sizes!r}")
@@ -579,8 +618,7 @@ def calibrate_energy_scale(target_beta: float = 1.0, *, sizes: tuple[int, ...] =
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     options = {k: v for k, v in _with_defaults(anneal_options).items() if k != "energy_scale"}
-    _check_options(options["anneal_time_ns"], options["trotter_steps"], 1.0)
-    schedule_values(options["schedule"], np.array([0.0, 1.0]), options["a_max_ghz"], options["b_max_ghz"])
+    _check_anneal(options)
     return _calibrated_scale(float(target_beta), tuple(sizes), num_systems, float(field_mean), float(field_std),
                              float(coupling_std), seed, tuple(sorted(options.items())))
 

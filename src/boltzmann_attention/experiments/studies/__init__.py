@@ -2,7 +2,8 @@
 
     paper.py     the paper's tables and claims (profiles quick and full); the default report
     fair.py      fair baselines: field-bias variants, convergence, sensitivity of J (profile fair)
-    sampling.py  models trained through DQA, PT and Gibbs against exact marginals (profile sampling)
+    sampling.py  models trained through DQA, PT and Gibbs against exact marginals (profile sampling), and
+                 through DQA in its Boltzmann regime, calibrated to exp(-E) (profile dqa-boltzmann)
     baselines.py strong baselines: nanoGPT's init, per-mode learning rates, training length, the nanoGPT
                  check (profile baselines)
 
