@@ -54,6 +54,13 @@ HELP = {
     "init": "model initialisation: torch (PyTorch's defaults) or gpt2 (nanoGPT's N(0, 0.02))",
     "beta2": "AdamW's second-moment decay",
     "fused_optimizer": "AdamW's fused kernel (false: the per-tensor loop)",
+    "train_sequences": "brackets: size of the fixed training set (validation and test: 2000 each)",
+    "min_fill": "brackets: smallest word, as the fraction p / (T // 2) of its pairs p (at least one pair); "
+                "the filler density is 1 - 2p / T",
+    "max_fill": "brackets: largest word, as the fraction p / (T // 2) of its pairs p",
+    "open_probability": "brackets: probability that the word opens a bracket where it may (higher: deeper "
+                        "nesting)",
+    "deduplicate": "brackets: redraw validation and test sequences that occur in the training set",
 }
 
 
