@@ -150,7 +150,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p_repro.add_argument("--profile", choices=studies.PROFILES, default="quick",
                          help="quick: a smoke test (one seed, short runs; its verdicts mean little); full: the "
                               "paper's tables; fair: the fair-baselines study; sampling: models trained through "
-                              "DQA, PT and Gibbs against exact (default: %(default)s)")
+                              "DQA, PT and Gibbs against exact; baselines: the strong-baselines study; "
+                              "brackets_calibration: the bracket task's difficulty calibrated on softmax "
+                              "(default: %(default)s)")
     p_repro.add_argument("--field-bias", choices=sorted(studies.FIELD_BIASES),
                          default=studies.DEFAULT_FIELD_BIAS,
                          help=f"field bias of the Boltzmann modes (default {studies.DEFAULT_FIELD_BIAS}, "
