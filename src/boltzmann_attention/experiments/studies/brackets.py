@@ -17,25 +17,30 @@ setting of the ladder, the smaller change from the old task). If no setting lies
 so and names the two neighbours of 90%, and a setting between them is to be added to the ladder. Only
 softmax runs before the choice, so the choice cannot favour any other mode.
 
-The ladder's first stage (the first seven settings) left softmax at 97-100% everywhere (mean 99.0% on the
-old task, 99.98% with deeper nesting and longer words, 99.8% even with 2000 training sequences, the only
-axis with a visible effect), so no setting was in the band and none below it. The second stage, added
+The ladder's first stage (the first seven settings) left softmax's mean at 98.9-100% at every setting
+(96.8% the lowest seed; 99.0% on the old task, 99.98% with deeper nesting and longer words, 99.8% even with
+2000 training sequences, the only axis with a visible effect), so no setting was in the band and none below
+it. The second stage, added
 before any of its runs, goes on along that axis: the deep-long words with 1000, 500, 250 and 125 training
 sequences (4000 steps of 64 see them 256 to 2048 times each).
 
 The second stage left no setting in the band either: 500 sequences gave 97.56% (97.10-98.23 over seeds) and
 250 gave 84.99% (81.26-89.98), just below it. As the rule says, settings between the two neighbours were
-added, before any of their runs: 400, 350 and 300 training sequences (the third stage).
+added, before any of their runs: 400, 350 and 300 training sequences (the third stage). Of these, 350
+(92.39%) and 300 (88.79%) lie in the band, so the rule chose **deep-long-300**: deep-long (open probability
+0.75, words of 50-87.5% of the longest, validation and test de-duplicated) with 300 training sequences. What
+makes it hard is generalising from few sequences, not the structure of the words, and softmax's seeds spread
+over 85.6-92.2% there: the experiments' 5 paired seeds are needed.
 
-TODO (the experiments, once the calibration has chosen a setting): a profile ``brackets`` on the chosen
-setting, CHOSEN below, with T = 8, 12 and 16 (and 20 where the exact method's speed allows), modes softmax,
-h, J, h+J, h+K and h+J+K, with the FFN and without it (``d_ff = 0``), 5 seeds; each mode at its
-strong-baselines lr (softmax, h, h+J 3e-3; J 1e-2; h+K and h+J+K 3e-3 unless a check says otherwise);
-the report: test accuracy over closing brackets and the per-sequence accuracy (``accuracy_sequence``) beside
-it, every mode against softmax and h+J against h paired over seeds with 95% intervals and the Holm marks as
-in the fair study, the paper's bracket claims one by one, and the easy setting (the old generator) as a row.
-At T = 8 the long words are few (p = 2 or 3): about 38% of validation sequences of deep-long occur in 20000
-training sequences, so de-duplication leaves mostly p = 2 there; report ``data.val_in_train`` beside it.
+TODO (the experiments on the chosen setting): a profile ``brackets`` on CHOSEN below, with T = 8, 12 and 16
+(and 20 where the exact method's speed allows), modes softmax, h, J, h+J, h+K and h+J+K, with the FFN and
+without it (``d_ff = 0``), 5 seeds; each mode at its strong-baselines lr (softmax, h, h+J 3e-3; J 1e-2; h+K
+and h+J+K 3e-3 unless a check says otherwise); the report: test accuracy over closing brackets and the
+per-sequence accuracy (``accuracy_sequence``) beside it, every mode against softmax and h+J against h paired
+over seeds with 95% intervals and the Holm marks as in the fair study, the paper's bracket claims one by
+one, and the easy setting (the old generator) as a row. The chosen setting keeps its 300 training sequences
+at every T (seed 0's validation sequences found in them before de-duplication: 1.6% at T = 8, 0.15% at
+T = 12, none at 16 and 20); at T = 8 de-duplication then drops mostly the p = 3 words, of which there are few.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ CALIBRATION_SEEDS = (0, 1, 2)
 CALIBRATION_LR = 3e-3  # softmax's best lr (strong-baselines study, Shakespeare T = 8 and 12)
 BAND = (0.85, 0.95)    # the rule: softmax's mean test accuracy in this band ...
 TARGET = 0.90          # ... and the closest to this
-CHOSEN: str | None = None  # the setting the rule chose (None until the calibration has run; see the report)
+CHOSEN = "deep-long-300"  # the setting the rule chose (the calibration's report: 88.79%, 3 seeds)
 
 
 @dataclass(frozen=True)
