@@ -142,3 +142,18 @@ def test_results_recorded_before_a_field_existed_read_as_what_they_used(tmp_path
     path.write_text(json_module.dumps(result))
     (run,) = load_runs(tmp_path)
     assert (run.config["init"], run.config["beta2"], run.config["fused_optimizer"]) == ("torch", 0.95, False)
+
+
+def test_bracket_difficulty_options_reach_the_config():
+    parser, _ = cli.build_parser()
+    args = parser.parse_args(["train", "--task", "brackets", "--train-sequences", "500", "--min-fill", "0.5",
+                              "--max-fill", "0.75", "--open-probability", "0.8", "--deduplicate", "true"])
+    assert (args.train_sequences, args.min_fill, args.max_fill, args.open_probability, args.deduplicate) == (
+        500, 0.5, 0.75, 0.8, True)
+    assert cli._sweep_overrides(["deduplicate=true", "min_fill=0.5", "train_sequences=2000"]) == {
+        "deduplicate": True, "min_fill": 0.5, "train_sequences": 2000}
+
+
+def test_bad_bracket_option_is_refused_before_training(capsys):
+    assert cli.main(["train", "--task", "brackets", "--open-probability", "1.5", "--steps", "1"]) == 2
+    assert "open_probability must be" in capsys.readouterr().err

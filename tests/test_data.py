@@ -1,6 +1,7 @@
 """Tests for boltzmann_attention.data: Tiny Shakespeare and bracket matching."""
 
 import gzip
+import hashlib
 import re
 
 import pytest
@@ -17,8 +18,10 @@ from boltzmann_attention.experiments.data import (
     ShakespeareData,
     _bundled_file,
     check_brackets,
+    depths,
     generate_brackets,
     load_shakespeare,
+    word_pairs,
 )
 
 
@@ -167,8 +170,15 @@ def test_shakespeare_invalid_arguments(shakespeare):
 # ---------------------------------------------------------------- brackets
 
 def _depths(tokens):
-    step = (tokens == OPEN).long() - (tokens == CLOSE).long()
-    return step.cumsum(dim=1).max(dim=1).values
+    """Each row's nesting depth with a plain counter (the reference for data.depths)."""
+    out = []
+    for row in tokens.tolist():
+        depth = deepest = 0
+        for tok in row:
+            depth += (tok == OPEN) - (tok == CLOSE)
+            deepest = max(deepest, depth)
+        out.append(deepest)
+    return torch.tensor(out)
 
 
 @pytest.mark.parametrize("T", [4, 7, 16])
@@ -294,3 +304,139 @@ def test_bracket_invalid_arguments():
         BracketData(8, 0, sizes=(10, 10))
     with pytest.raises(ValueError):
         BracketData(8, -1)
+
+
+# ---------------------------------------------------------------- brackets: the difficulty options
+
+def _sha256(*tensors):
+    digest = hashlib.sha256()
+    for t in tensors:
+        digest.update(t.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# Computed with the generator as it was before the difficulty options existed (commit a3d2fa2): the defaults
+# must reproduce every study's data bit for bit.
+OLD_DATA = {
+    (4, 0): "ec854a9643df3917a2f8be054c9bb671e80b453032432d45ff09c348b47d5df1",
+    (8, 1): "a86d6ff65f138c8d2084ae5ab7fc423fa9576b99f3fcb69bc55a58d465d5e726",
+    (16, 0): "86916d8be63ca25fd32e7e91ee60336dbd1bef622d5d7ae6818a55f6e442a984",
+}
+# 500 rows at T = 11 with 3 fillers, seed 123:
+OLD_GENERATED = "57c7e0742fb7aa2f5d7f3fb2aeed007e00c3bf95ef8009cbd4981a423377543a"
+
+
+@pytest.mark.parametrize("T, seed", sorted(OLD_DATA))
+def test_default_options_reproduce_the_old_data(T, seed):
+    data = BracketData(T, seed)
+    assert _sha256(*data.train, *data.val, *data.test) == OLD_DATA[(T, seed)]
+    explicit = BracketData(T, seed, sizes=(20000, 2000, 2000), min_fill=0.0, max_fill=1.0, open_probability=0.5,
+                           deduplicate=False)
+    assert _sha256(*explicit.train, *explicit.val, *explicit.test) == OLD_DATA[(T, seed)]
+    tokens, labels = generate_brackets(500, 11, torch.Generator().manual_seed(123), num_fillers=3)
+    assert _sha256(tokens, labels) == OLD_GENERATED
+
+
+OPTIONS = [dict(min_fill=0.5), dict(min_fill=1.0), dict(max_fill=0.25), dict(min_fill=0.5, max_fill=0.7),
+           dict(open_probability=0.0), dict(open_probability=1.0), dict(open_probability=0.8, min_fill=0.75),
+           dict(deduplicate=True), dict(deduplicate=True, open_probability=0.75, min_fill=0.5)]
+
+
+@pytest.mark.parametrize("T", [7, 12])
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_stack_checker_proves_every_label_under_every_option(T, options):
+    data = BracketData(T, 3, sizes=(1500, 300, 300), **options)
+    lo, hi = word_pairs(T, options.get("min_fill", 0.0), options.get("max_fill", 1.0))
+    for name in ("train", "val", "test"):
+        tokens, labels = getattr(data, name)
+        assert tokens.shape == (data.sizes[BracketData.SPLITS.index(name)], T)
+        check_brackets(tokens, labels, raise_error=True)
+        pairs = (tokens == CLOSE).sum(1)
+        assert ((tokens == OPEN).sum(1) == pairs).all()
+        assert pairs.min() >= lo and pairs.max() <= hi
+
+
+def test_word_pairs_by_hand():
+    assert word_pairs(16) == (1, 8)
+    assert word_pairs(17) == (1, 8)
+    assert word_pairs(16, 0.5) == (4, 8)
+    assert word_pairs(16, 0.5, 0.5) == (4, 4)
+    assert word_pairs(12, 0.5, 0.75) == (3, 4)  # 3/6 and 4/6 lie in [0.5, 0.75]; 5/6 does not
+    assert word_pairs(8, 0.0, 0.1) == (1, 1)  # at least one pair
+    assert word_pairs(20, 1.0) == (10, 10)
+
+
+def test_fill_sets_the_word_length_and_filler_density():
+    """p is uniform over word_pairs: the mean filler fraction is 1 - 2 E[p] / T, measured on a seeded sample."""
+    g = torch.Generator().manual_seed(5)
+    for T, options, pairs in [(16, {}, range(1, 9)), (16, dict(min_fill=0.5), range(4, 9)),
+                              (16, dict(max_fill=0.25), range(1, 3)), (12, dict(min_fill=0.5, max_fill=0.75), (3, 4)),
+                              (16, dict(min_fill=1.0), (8,))]:
+        tokens, _ = generate_brackets(6000, T, g, **options)
+        found = (tokens == CLOSE).sum(1)
+        assert set(found.tolist()) == set(pairs)
+        expected = 1 - 2 * sum(pairs) / len(pairs) / T
+        filler = (tokens > CLOSE).float().mean().item()
+        assert abs(filler - expected) < 0.01, (options, filler, expected)
+    tokens, _ = generate_brackets(100, 16, g, min_fill=1.0)
+    assert (tokens <= CLOSE).all()  # no filler at all
+
+
+def test_open_probability_sets_the_depth():
+    g = torch.Generator().manual_seed(6)
+    mean_depth = {}
+    for q in (0.0, 0.25, 0.5, 0.75, 1.0):
+        tokens, _ = generate_brackets(4000, 16, g, open_probability=q)
+        d = depths(tokens)
+        assert torch.equal(d, _depths(tokens))
+        mean_depth[q] = d.float().mean().item()
+        pairs = (tokens == CLOSE).sum(1)
+        if q == 0.0:
+            assert (d == 1).all()  # ()()...: it opens only at depth 0
+        if q == 1.0:
+            assert torch.equal(d, pairs)  # ((...)): every word fully nested
+    assert mean_depth[0.0] < mean_depth[0.25] < mean_depth[0.5] < mean_depth[0.75] < mean_depth[1.0]
+    assert 2.3 < mean_depth[0.5] < 2.8  # the old generator: 2.54 at T = 16
+
+
+def test_deduplicate_leaves_no_eval_sequence_in_train():
+    T, sizes = 6, (3000, 1000, 1000)
+    plain = BracketData(T, 1, sizes=sizes)
+    dedup = BracketData(T, 1, sizes=sizes, deduplicate=True)
+    assert torch.equal(plain.train[0], dedup.train[0]) and torch.equal(plain.train[1], dedup.train[1])
+    train_rows = {tuple(r) for r in plain.train[0].tolist()}
+    for name in ("val", "test"):
+        before = [tuple(r) for r in getattr(plain, name)[0].tolist()]
+        overlap = sum(r in train_rows for r in before) / len(before)
+        assert overlap > 0.2 and plain.in_train[name] == dedup.in_train[name] == pytest.approx(overlap)
+        tokens, labels = getattr(dedup, name)
+        assert tokens.shape == (1000, T)
+        assert not any(tuple(r) in train_rows for r in tokens.tolist())
+        check_brackets(tokens, labels, raise_error=True)
+        # the first round's fresh sequences come first, in the order drawn
+        kept = [r for r in before if r not in train_rows]
+        assert [tuple(r) for r in tokens[: len(kept)].tolist()] == kept
+    assert dedup.val[0].tolist() == BracketData(T, 1, sizes=sizes, deduplicate=True).val[0].tolist()
+
+
+def test_deduplicate_refuses_a_window_too_small():
+    with pytest.raises(ValueError, match="deduplicate: only .* not in the training set.*set deduplicate to false"):
+        BracketData(4, 0, deduplicate=True)  # every T = 4 sequence occurs in 20000 training sequences
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(min_fill=-0.1), "min_fill must be a number in"), (dict(max_fill=1.5), "max_fill must be a number in"),
+    (dict(min_fill=0.8, max_fill=0.2), r"min_fill \(0.8\) must not exceed max_fill"),
+    (dict(min_fill=0.6, max_fill=0.7), "no word length at T = 8: min_fill = 0.6 and max_fill = 0.7"),
+    (dict(open_probability=1.01), "open_probability must be"), (dict(open_probability=True), "open_probability"),
+    (dict(min_fill="0.5"), "min_fill")])
+def test_bad_difficulty_options_raise(options, message):
+    with pytest.raises(ValueError, match=message):
+        generate_brackets(10, 8, torch.Generator().manual_seed(0), **options)
+    with pytest.raises(ValueError, match=message):
+        BracketData(8, 0, sizes=(10, 10, 10), **options)
+
+
+def test_bad_deduplicate_raises():
+    with pytest.raises(ValueError, match="deduplicate must be true or false"):
+        BracketData(8, 0, sizes=(10, 10, 10), deduplicate="yes")

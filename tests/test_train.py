@@ -253,6 +253,17 @@ def test_threads_are_set_for_the_run_and_restored():
     (dict(method_options={"bogus": 1}), r"unknown option\(s\) \['bogus'\] for method 'exact'; known options: \['max"),
     (dict(method="banded", method_options={"band": 3}), r"\['band'\].*known options: \['bandwidth', 'chunk_size'"),
     (dict(method_options={"max_spins": "24"}), r"max_spins'\] must be an integer"),
+    (dict(method="dqa", method_options={"target_beta": 1.0, "energy_scale": 0.5}),
+     "energy_scale or target_beta, not both"),
+    (dict(task="brackets", train_sequences=0), "train_sequences must be an integer >= 1"),
+    (dict(task="brackets", min_fill=-0.5), "min_fill must be a finite number >= 0 and <= 1"),
+    (dict(task="brackets", max_fill=math.nan), "max_fill must be"),
+    (dict(task="brackets", min_fill=0.9, max_fill=0.1), r"min_fill \(0.9\) must not exceed max_fill \(0.1\)"),
+    (dict(task="brackets", T=8, min_fill=0.6, max_fill=0.7), "no word length at T = 8"),
+    (dict(task="brackets", open_probability=2.0), "open_probability must be"),
+    (dict(task="brackets", deduplicate="no"), "deduplicate must be true or false"),
+    (dict(task="shakespeare", deduplicate=True), "deduplicate is an option of task 'brackets' only"),
+    (dict(task="shakespeare", train_sequences=5, min_fill=0.5), "train_sequences, min_fill are options of task"),
 ])
 def test_bad_configs_fail_before_training(change, message, monkeypatch):
     monkeypatch.setattr(train_module, "Task", _no_training)
@@ -443,3 +454,73 @@ def test_marginals_method_swaps_and_restores():
     exact_result = train(replace(cfg, method="exact", method_options={}, steps=2, eval_interval=2, warmup_steps=0),
                          progress=False)
     assert "val_exact" not in exact_result["metrics"]
+
+
+def test_bracket_options_reach_the_data():
+    cfg = TrainConfig(task="brackets", T=10, train_sequences=700, min_fill=0.6, open_probability=0.9,
+                      deduplicate=True, **SHORT)
+    data = train_module.Task(cfg).data
+    assert data.sizes == (700, 2000, 2000)
+    assert data.options == {"min_fill": 0.6, "max_fill": 1.0, "open_probability": 0.9} and data.deduplicate
+    assert ((data.train[0] == 1).sum(1) >= 3).all()  # p / 5 >= 0.6
+    train_rows = {tuple(r) for r in data.train[0].tolist()}
+    assert not any(tuple(r) in train_rows for r in data.val[0].tolist() + data.test[0].tolist())
+
+
+def test_bracket_evaluation_counts_closing_brackets_and_whole_sequences():
+    """Accuracy over closing brackets and over sequences against a plain loop, for a model that is right on
+    a known set of brackets."""
+    cfg = TrainConfig(task="brackets", T=8, **SHORT)
+    task = train_module.Task(cfg)
+    tokens, labels = task.val
+    wrong = torch.Generator().manual_seed(0)
+    flip = (torch.rand(labels.shape, generator=wrong) < 0.1) & (labels >= 0)  # the brackets the model gets wrong
+
+    done = [0]  # rows seen so far: evaluate goes through the split in order
+
+    def model(x):
+        rows = slice(done[0], done[0] + len(x))
+        assert torch.equal(x, tokens[rows])
+        done[0] += len(x)
+        target = labels[rows].clamp(min=0)
+        target = torch.where(flip[rows], (target + 1) % 8, target)
+        return torch.nn.functional.one_hot(target, 8).float()
+
+    metrics = task.evaluate(model, batch_size=300)
+    closing = right = whole = 0
+    for lab_row, flip_row in zip(labels.tolist(), flip.tolist()):
+        all_right = True
+        for lab, f in zip(lab_row, flip_row):
+            if lab >= 0:
+                closing += 1
+                right += not f
+                all_right &= not f
+        whole += all_right
+    assert metrics["accuracy"] == right / closing and metrics["accuracy_sequence"] == whole / len(labels)
+    assert 0.3 < metrics["accuracy_sequence"] < metrics["accuracy"] < 1
+
+
+def test_results_and_checkpoints_before_the_bracket_options_read_as_the_old_generator(tmp_path):
+    from boltzmann_attention.experiments.results import load_runs
+
+    cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+    result = train(cfg, progress=False, checkpoint=tmp_path / "c.pt")
+    assert set(result["data"]) == {"val_in_train", "test_in_train"} and result["data"]["val_in_train"] == 1.0
+    new_fields = ("train_sequences", "min_fill", "max_fill", "open_probability", "deduplicate")
+    for key in new_fields:
+        del result["config"][key]
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "old.json").write_text(json.dumps(result))
+    (run,) = load_runs(tmp_path)
+    assert {k: run.config[k] for k in new_fields} == {"train_sequences": 20000, "min_fill": 0.0, "max_fill": 1.0,
+                                                       "open_probability": 0.5, "deduplicate": False}
+    state = read_checkpoint(tmp_path / "c.pt")
+    for key in new_fields:
+        del state["config"][key]
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    (tmp_path / "old.pt").write_bytes(train_module._frame(buffer.getvalue()))
+    resumed = train(cfg, progress=False, checkpoint=tmp_path / "old.pt")  # resumes: the old data's defaults
+    assert resumed["steps_run"] == 0 and resumed["metrics"] == result["metrics"]
+    with pytest.raises(ValueError, match="another config.*deduplicate"):
+        train(replace(cfg, deduplicate=True, T=6), progress=False, checkpoint=tmp_path / "old.pt")

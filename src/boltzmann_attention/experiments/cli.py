@@ -54,6 +54,13 @@ HELP = {
     "init": "model initialisation: torch (PyTorch's defaults) or gpt2 (nanoGPT's N(0, 0.02))",
     "beta2": "AdamW's second-moment decay",
     "fused_optimizer": "AdamW's fused kernel (false: the per-tensor loop)",
+    "train_sequences": "brackets: size of the fixed training set (validation and test: 2000 each)",
+    "min_fill": "brackets: smallest word, as the fraction p / (T // 2) of its pairs p (at least one pair); "
+                "the filler density is 1 - 2p / T",
+    "max_fill": "brackets: largest word, as the fraction p / (T // 2) of its pairs p",
+    "open_probability": "brackets: probability that the word opens a bracket where it may (higher: deeper "
+                        "nesting)",
+    "deduplicate": "brackets: redraw validation and test sequences that occur in the training set",
 }
 
 
@@ -143,7 +150,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p_repro.add_argument("--profile", choices=studies.PROFILES, default="quick",
                          help="quick: a smoke test (one seed, short runs; its verdicts mean little); full: the "
                               "paper's tables; fair: the fair-baselines study; sampling: models trained through "
-                              "DQA, PT and Gibbs against exact (default: %(default)s)")
+                              "DQA, PT and Gibbs against exact; baselines: the strong-baselines study; "
+                              "brackets-calibration: the bracket task's difficulty calibrated on softmax "
+                              "(default: %(default)s)")
     p_repro.add_argument("--field-bias", choices=sorted(studies.FIELD_BIASES),
                          default=studies.DEFAULT_FIELD_BIAS,
                          help=f"field bias of the Boltzmann modes (default {studies.DEFAULT_FIELD_BIAS}, "

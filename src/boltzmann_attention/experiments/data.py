@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
+import math
 import os
 import zlib
 from importlib import resources
@@ -29,8 +30,11 @@ __all__ = [
     "OPEN",
     "CLOSE",
     "IGNORE",
+    "SIZES",
+    "word_pairs",
     "generate_brackets",
     "check_brackets",
+    "depths",
     "BracketData",
 ]
 
@@ -219,27 +223,71 @@ class ShakespeareData:
 # Bracket matching
 # ----------------------------------------------------------------------------------------------------------
 
-def generate_brackets(num_sequences: int, T: int, generator: torch.Generator,
-                      num_fillers: int = 8) -> tuple[Tensor, Tensor]:
+# The bracket task's difficulty options and their defaults (the generator as first used by every study).
+MIN_FILL = 0.0
+MAX_FILL = 1.0
+OPEN_PROBABILITY = 0.5
+SIZES = (20000, 2000, 2000)
+MAX_REDRAWS = 50  # de-duplication: rounds of redrawing a split before giving up (see BracketData)
+
+
+def _fraction(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def word_pairs(T: int, min_fill: float = MIN_FILL, max_fill: float = MAX_FILL) -> tuple[int, int]:
+    """The range (lo, hi) of the number of bracket pairs p of a word at window T for these fill fractions.
+
+    A word of p pairs fills 2p of the 2 * (T // 2) slots the longest word fits; p is uniform over the integers
+    with ``min_fill <= p / (T // 2) <= max_fill``, every word having at least one pair (a ``max_fill`` below
+    1 / (T // 2) means p = 1). ValueError, naming both options, when no integer lies in the range.
+    """
+    T = _positive_int("T", T, minimum=2)
+    min_fill, max_fill = _fraction("min_fill", min_fill), _fraction("max_fill", max_fill)
+    if min_fill > max_fill:
+        raise ValueError(f"min_fill ({min_fill:g}) must not exceed max_fill ({max_fill:g})")
+    half = T // 2
+    lo = max(1, math.ceil(min_fill * half - 1e-9))
+    hi = max(1, math.floor(max_fill * half + 1e-9))
+    if hi < lo:
+        raise ValueError(f"no word length at T = {T}: min_fill = {min_fill:g} and max_fill = {max_fill:g} leave "
+                         f"no whole number of pairs p (at least 1) with p / {half} in [{min_fill:g}, {max_fill:g}]; "
+                         "widen the range")
+    return lo, hi
+
+
+def generate_brackets(num_sequences: int, T: int, generator: torch.Generator, num_fillers: int = 8, *,
+                      min_fill: float = MIN_FILL, max_fill: float = MAX_FILL,
+                      open_probability: float = OPEN_PROBABILITY) -> tuple[Tensor, Tensor]:
     """Sequences holding one Dyck-1 word among filler tokens.
 
     Returns tokens (N, T) long (``OPEN``=0, ``CLOSE``=1, fillers ``2 .. 1 + num_fillers``) and labels
     (N, T) long: for a closing bracket at slot i, the slot of its matching opening bracket (< i); else
-    ``IGNORE``. Each word has length 2p, p uniform in ``1 .. T // 2``; it is built left to right (open if
-    depth is 0, close if the remaining length equals the depth, otherwise open with probability 1/2) and
-    placed at a uniformly random sorted set of 2p slots; the other slots get uniform random fillers.
+    ``IGNORE``. Each word has length 2p, p uniform over :func:`word_pairs` (by default ``1 .. T // 2``); it
+    is built left to right (open if depth is 0, close if the remaining length equals the depth, otherwise
+    open with probability ``open_probability``) and placed at a uniformly random sorted set of 2p slots; the
+    other slots get uniform random fillers.
+
+    Difficulty: the word fills a fraction 2p / T of the window, so at a fixed T the filler density is
+    1 - 2p / T and ``min_fill``/``max_fill`` set both (``min_fill = 1``: no filler at even T). A larger
+    ``open_probability`` nests deeper (1: every word is ``((...))``; 0: ``()()...``). The defaults are the
+    generator of every study before these options existed, draw for draw.
     """
     n = _positive_int("num_sequences", num_sequences)
     T = _positive_int("T", T, minimum=2)
     num_fillers = _positive_int("num_fillers", num_fillers)
+    lo, hi = word_pairs(T, min_fill, max_fill)
+    open_probability = _fraction("open_probability", open_probability)
     _check_generator(generator)
     half = T // 2
     m = 2 * half
     rows = torch.arange(n)
 
     # Draws, in a fixed order, all from `generator`.
-    length = 2 * torch.randint(1, half + 1, (n,), generator=generator)
-    coins = torch.rand(n, m, generator=generator) < 0.5
+    length = 2 * torch.randint(lo, hi + 1, (n,), generator=generator)
+    coins = torch.rand(n, m, generator=generator) < open_probability
     keys = torch.rand(n, T, generator=generator)
     fillers = torch.randint(2, 2 + num_fillers, (n, T), generator=generator)
 
@@ -319,24 +367,86 @@ def _split_generator(seed: int, split: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
+def depths(tokens: Tensor) -> Tensor:
+    """The nesting depth of each row's word (the largest number of open brackets at any slot), (N,) long."""
+    step = (tokens == OPEN).long() - (tokens == CLOSE).long()
+    return step.cumsum(dim=1).max(dim=1).values.clamp(min=0)
+
+
+def _row_keys(tokens: Tensor) -> list[bytes]:
+    array = np.ascontiguousarray(tokens.numpy(), dtype=np.int64)
+    return [row.tobytes() for row in array]
+
+
 class BracketData:
     """Fixed bracket-matching sets for one seed: ``train``, ``val``, ``test``, each (tokens, labels) (N, T).
 
     Split k (0 train, 1 val, 2 test) is generated by :func:`generate_brackets` from its own generator seeded
-    from ``(seed, k)``, so a split depends only on (T, seed, num_fillers, its own size).
+    from ``(seed, k)``, with the difficulty options ``min_fill``, ``max_fill`` and ``open_probability``
+    passed on. Without ``deduplicate`` a split depends only on (T, seed, the options, its own size), and
+    validation and test sequences may also occur in the training set (at T = 16 about 10% of validation
+    sequences do, at T = 4 all of them).
+
+    ``deduplicate=True`` drops every validation and test sequence whose tokens occur in the training set and
+    draws more from the split's own generator (rounds of ``sizes[k]`` sequences, the first round the same as
+    without it) until the split is full; ValueError after ``MAX_REDRAWS`` rounds (the window holds too few
+    distinct sequences for this training set: lower ``sizes[0]``, or turn de-duplication off).
+    ``in_train['val']`` and ``in_train['test']``: the fraction of the split's first round of sequences that
+    occur in the training set (with or without de-duplication, which then drops them).
     """
 
     SPLITS = ("train", "val", "test")
 
-    def __init__(self, T: int, seed: int, num_fillers: int = 8, sizes: tuple[int, int, int] = (20000, 2000, 2000)):
+    def __init__(self, T: int, seed: int, num_fillers: int = 8, sizes: tuple[int, int, int] = SIZES, *,
+                 min_fill: float = MIN_FILL, max_fill: float = MAX_FILL,
+                 open_probability: float = OPEN_PROBABILITY, deduplicate: bool = False):
         self.T = _positive_int("T", T, minimum=2)
         self.seed = _positive_int("seed", seed, minimum=0)
         self.num_fillers = _positive_int("num_fillers", num_fillers)
         if len(sizes) != 3:
             raise ValueError(f"sizes must be (train, val, test), got {sizes!r}")
         self.sizes = tuple(_positive_int(f"sizes[{k}]", s) for k, s in enumerate(sizes))
-        for k, (name, size) in enumerate(zip(self.SPLITS, self.sizes)):
-            setattr(self, name, generate_brackets(size, self.T, _split_generator(self.seed, k), self.num_fillers))
+        word_pairs(self.T, min_fill, max_fill)  # checks both before any drawing
+        self.options = {"min_fill": float(min_fill), "max_fill": float(max_fill),
+                        "open_probability": _fraction("open_probability", open_probability)}
+        if not isinstance(deduplicate, bool):
+            raise ValueError(f"deduplicate must be true or false, got {deduplicate!r}")
+        self.deduplicate = deduplicate
+        self.train = self._draw(0, self.sizes[0])
+        train_keys = set(_row_keys(self.train[0]))
+        self.in_train = {}
+        for k in (1, 2):
+            generator = _split_generator(self.seed, k)
+            tokens, labels = self._draw(k, self.sizes[k], generator)
+            seen = torch.tensor([key in train_keys for key in _row_keys(tokens)], dtype=torch.bool)
+            self.in_train[self.SPLITS[k]] = int(seen.sum()) / len(seen)
+            if deduplicate:
+                tokens, labels = self._fresh(k, tokens[~seen], labels[~seen], generator, train_keys)
+            setattr(self, self.SPLITS[k], (tokens, labels))
+
+    def _draw(self, k: int, size: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        generator = _split_generator(self.seed, k) if generator is None else generator
+        return generate_brackets(size, self.T, generator, self.num_fillers, **self.options)
+
+    def _fresh(self, k: int, tokens: Tensor, labels: Tensor, generator: torch.Generator,
+               train_keys: set) -> tuple[Tensor, Tensor]:
+        """Split k topped up with sequences not in the training set, in the order drawn."""
+        size = self.sizes[k]
+        parts = [(tokens, labels)]
+        found = len(tokens)
+        for _ in range(MAX_REDRAWS):
+            if found >= size:
+                break
+            more, more_labels = self._draw(k, size, generator)
+            fresh = torch.tensor([key not in train_keys for key in _row_keys(more)], dtype=torch.bool)
+            parts.append((more[fresh], more_labels[fresh]))
+            found += int(fresh.sum())
+        if found < size:
+            raise ValueError(f"deduplicate: only {found} of {size} {self.SPLITS[k]} sequences at T = {self.T} are "
+                             f"not in the training set of {self.sizes[0]} after {MAX_REDRAWS} rounds of drawing; "
+                             "the window holds too few distinct sequences: lower the number of training "
+                             "sequences or set deduplicate to false")
+        return torch.cat([t for t, _ in parts])[:size], torch.cat([lab for _, lab in parts])[:size]
 
     @property
     def vocab_size(self) -> int:

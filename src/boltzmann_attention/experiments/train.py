@@ -65,8 +65,14 @@ FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 # Fields added to TrainConfig after results were first recorded, with the value that runs recorded without
 # them used. The default init became gpt2 on 2026-12-01 (the strong-baselines study: softmax's perplexity at
-# T = 8 and 12 is 3.5-4.1% lower with it); fused AdamW became the default the same day.
-LEGACY_CONFIG = {"init": "torch", "beta2": 0.95, "fused_optimizer": False}
+# T = 8 and 12 is 3.5-4.1% lower with it); fused AdamW became the default the same day. The bracket task's
+# difficulty options (train_sequences .. deduplicate) came later still; their defaults are the old generator.
+LEGACY_CONFIG = {"init": "torch", "beta2": 0.95, "fused_optimizer": False,
+                 "train_sequences": datasets.SIZES[0], "min_fill": datasets.MIN_FILL,
+                 "max_fill": datasets.MAX_FILL, "open_probability": datasets.OPEN_PROBABILITY,
+                 "deduplicate": False}
+# The bracket task's options: a Shakespeare run that changes one is refused (it would mean nothing).
+BRACKET_OPTIONS = ("num_fillers", "train_sequences", "min_fill", "max_fill", "open_probability", "deduplicate")
 
 
 @dataclass
@@ -99,6 +105,13 @@ class TrainConfig:
     init: str = "gpt2"                 # gpt2 | torch: the model's initialisation (experiments.model)
     beta2: float = 0.95                # AdamW's second-moment decay (nanoGPT's Shakespeare config: 0.99)
     fused_optimizer: bool = True       # AdamW's fused kernel (False: the per-tensor loop, as before Dec 2026)
+    # Brackets: the difficulty (experiments.data.generate_brackets and BracketData; the defaults are the
+    # generator of the studies before these options existed).
+    train_sequences: int = 20000       # the fixed training set (validation and test: 2000 each)
+    min_fill: float = 0.0              # the word's pairs p / (T // 2) lie in [min_fill, max_fill], p >= 1;
+    max_fill: float = 1.0              # the filler density is 1 - 2p / T
+    open_probability: float = 0.5      # the word opens with this probability where it may (higher: deeper)
+    deduplicate: bool = False          # redraw validation and test sequences that occur in the training set
 
     def validate(self) -> None:
         """Raise ValueError for anything that would fail or train wrongly later, before any training.
@@ -115,7 +128,7 @@ class TrainConfig:
         _integer("seed", self.seed, 0, MAX_SEED - 1)
         for name, minimum in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("eval_interval", 1),
                               ("eval_windows", 1), ("d_model", 1), ("n_heads", 1), ("n_layers", 1), ("d_ff", 0),
-                              ("num_fillers", 1)):
+                              ("num_fillers", 1), ("train_sequences", 1)):
             _integer(name, getattr(self, name), minimum)
         _number("lr", self.lr, above=0.0)
         _number("min_lr_ratio", self.min_lr_ratio, at_least=0.0, at_most=1.0)
@@ -125,7 +138,7 @@ class TrainConfig:
         _number("coupling_lr_multiplier", self.coupling_lr_multiplier, above=0.0)
         if self.field_bias_init is not None:
             _number("field_bias_init", self.field_bias_init)
-        for name in ("learn_field_bias", "fused_optimizer"):
+        for name in ("learn_field_bias", "fused_optimizer", "deduplicate"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name, value in (("lr", self.lr), ("lr * coupling_lr_multiplier", self.lr * self.coupling_lr_multiplier)):
@@ -145,6 +158,14 @@ class TrainConfig:
         if "K" in self.mode and self.method not in ("exact", "reference"):
             raise ValueError(f"mode {self.mode!r} (three-body couplings) needs method='exact'")
         _choice("init", self.init, INITS)
+        for name in ("min_fill", "max_fill", "open_probability"):
+            _number(name, getattr(self, name), at_least=0.0, at_most=1.0)
+        datasets.word_pairs(self.T, self.min_fill, self.max_fill)  # some word length fits at this T
+        if self.task != "brackets":
+            changed = [n for n in BRACKET_OPTIONS if getattr(self, n) != getattr(TrainConfig, n)]
+            if changed:
+                raise ValueError(f"{', '.join(changed)} {'is an option' if len(changed) == 1 else 'are options'} "
+                                 f"of task 'brackets' only; task {self.task!r} must keep the default")
         _number("beta2", self.beta2, at_least=0.0)
         if self.beta2 >= 1.0:
             raise ValueError(f"beta2 must lie in [0, 1), got {self.beta2}")
@@ -203,6 +224,7 @@ def _check_method_options(method: str, options) -> None:
         raise ValueError(f"method_options must be a dict of option names to values, got {options!r}")
     if "max_spins" in options:
         _integer("method_options['max_spins']", options["max_spins"], 1)
+    ising.validate_options(method, options)  # names, and the values the library checks up front (e.g. DQA's)
     parameters = inspect.signature(ising.METHODS[method][0]).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return  # the method forwards its options: an unknown one is named at the first step (see _train)
@@ -222,7 +244,10 @@ class Task:
             self.vocab_size = self.data.vocab.size
             self.val = self.data.val_windows(cfg.T, max_windows=cfg.eval_windows)
         else:
-            self.data = datasets.BracketData(cfg.T, seed=cfg.seed, num_fillers=cfg.num_fillers)
+            self.data = datasets.BracketData(
+                cfg.T, seed=cfg.seed, num_fillers=cfg.num_fillers,
+                sizes=(cfg.train_sequences, *datasets.SIZES[1:]), min_fill=cfg.min_fill, max_fill=cfg.max_fill,
+                open_probability=cfg.open_probability, deduplicate=cfg.deduplicate)
             self.vocab_size = self.data.vocab_size
             self.val = self.data.val
 
@@ -234,9 +259,10 @@ class Task:
     @torch.no_grad()
     def evaluate(self, model, split: str = "val", batch_size: int = 256) -> dict:
         """Shakespeare: loss and perplexity over all positions and at the last position only.
-        Brackets: loss and accuracy of the position head over closing brackets."""
+        Brackets: loss and accuracy of the position head over closing brackets ('accuracy'), and the
+        fraction of sequences with every closing bracket right ('accuracy_sequence')."""
         x, y = self.val if split == "val" else self.data.test
-        nll_sum = nll_last = correct = count = 0.0
+        nll_sum = nll_last = correct = count = whole = 0.0
         for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
             out = model(xb)
             nll = torch.nn.functional.cross_entropy(out.transpose(1, 2), yb, ignore_index=-100, reduction="none")
@@ -246,12 +272,14 @@ class Task:
             if self.cfg.task == "shakespeare":
                 nll_last += float(nll[:, -1].sum())
             else:
-                correct += int(((out.argmax(-1) == yb) & labelled).sum())
+                right = out.argmax(-1) == yb
+                correct += int((right & labelled).sum())
+                whole += int((right | ~labelled).all(dim=1).sum())
         loss = nll_sum / count
         if self.cfg.task == "shakespeare":
             last = nll_last / len(x)
             return {"loss": loss, "ppl": _exp(loss), "loss_last": last, "ppl_last": _exp(last)}
-        return {"loss": loss, "accuracy": correct / count}
+        return {"loss": loss, "accuracy": correct / count, "accuracy_sequence": whole / len(x)}
 
 
 def _exp(x: float) -> float:
@@ -389,8 +417,9 @@ def load_checkpoint(path: Path, cfg: TrainConfig, model, optimizer, scheduler, g
     """Restore a checkpoint written by :func:`save_checkpoint` for the same config and number of processes
     (process ``rank`` of ``world`` takes its own RNG states); returns (step, history, elapsed seconds)."""
     state = read_checkpoint(path)
-    if state["config"] != asdict(cfg):
-        diff = {k: (state["config"].get(k), v) for k, v in asdict(cfg).items() if state["config"].get(k) != v}
+    saved = {**LEGACY_CONFIG, **state["config"]}  # a checkpoint written before a field existed
+    if saved != asdict(cfg):
+        diff = {k: (saved.get(k), v) for k, v in asdict(cfg).items() if saved.get(k) != v}
         raise ValueError(f"checkpoint {path} was written for another config; differences (saved, now): {diff}")
     step, elapsed, data_rng, torch_rng = state["step"], state["elapsed_s"], state["data_rng"], state["torch_rng"]
     if (not isinstance(step, int) or not 0 <= step <= cfg.steps or not isinstance(elapsed, float)
@@ -523,6 +552,7 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
               **machine_info()}
     if cfg.task == "brackets":
         result["metrics"]["test"] = task.evaluate(model, "test")
+        result["data"] = {f"{split}_in_train": v for split, v in task.data.in_train.items()}
     if cfg.method in ising.SAMPLED_METHODS and cfg.T <= EXACT_MAX_SPINS:
         # the same weights with exact marginals: what training through the sampler learned, apart from the
         # sampler's own behaviour (noise, and a non-Boltzmann distribution for dqa/sqa) at evaluation

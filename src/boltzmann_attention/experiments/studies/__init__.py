@@ -6,6 +6,8 @@
                  through DQA in its Boltzmann regime, calibrated to exp(-E) (profile dqa-boltzmann)
     baselines.py strong baselines: nanoGPT's init, per-mode learning rates, training length, the nanoGPT
                  check (profile baselines)
+    brackets.py  bracket matching with headroom: the difficulty calibrated on softmax (profile
+                 brackets-calibration)
 
 A study module provides ``PROFILES`` ({profile name: grids(field_bias) -> list of Grid}), ``owns(results)``
 (whether a results folder is this study's) and ``report(results, results_dir, out) -> Markdown lines``.
@@ -18,14 +20,14 @@ from pathlib import Path
 
 from ..results import Results, load_runs, write_archive
 from ..sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS, Grid, field_bias_config
-from . import baselines, fair, paper, sampling
+from . import baselines, brackets, fair, paper, sampling
 
 __all__ = ["DEFAULT_FIELD_BIAS", "FIELD_BIASES", "PAPER_FIELD_BIAS", "PROFILES", "STUDIES", "profile",
            "study_of", "write_report"]
 
 # In the order of the CLI's profiles. A results folder's report is that of the first study after the default
 # (paper) that owns it, else the default's.
-STUDIES = (paper, fair, sampling, baselines)
+STUDIES = (paper, fair, sampling, baselines, brackets)
 DEFAULT_STUDY = paper
 
 PROFILES = tuple(name for study in STUDIES for name in study.PROFILES)
