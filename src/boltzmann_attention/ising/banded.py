@@ -29,9 +29,11 @@ Numerics. Two recursions, chosen per group of queries sharing J:
   which beta does not see. So with R = 2 * max over w + k consecutive spins of sum_l |J_lp| >= C + Delta,
   the relative error from underflow is at most n 4^w tiny exp(R); the path is used when this is below
   the dtype's eps, i.e. R <= log(1 / tiny) - log(1 / eps) - log n - 2 w log 2 (about 53 in float32 at
-  n = 1024, w = 8; 650 in float64), and the log-domain path is used otherwise. Large fields are safe;
-  float32 inputs whose fields spread message entries into subnormal numbers (very slow on CPUs) are
-  run in float64 (a speed measure only).
+  n = 1024, w = 8; 650 in float64), and the log-domain path is used otherwise. Large fields are safe.
+  Subnormal numbers (arithmetic on them is ~40x slower on CPUs) are flushed to zero on the calling
+  thread and exp arguments are floored at log(tiny) + 1: both only touch entries below e * tiny
+  relative to the largest, inside the same bound. So float32 runs in float32 (before: in float64
+  whenever the fields could reach subnormals, which sigmoid-attention fields near -log(n) / 2 do).
 * Log domain (fallback, one spin per step): log messages with logaddexp, normalised every step. Also
   used when a mask has holes (absent spins before a query's last present spin), because then the
   couplings differ per query: absent spins get field 0 and couplings 0 (free spins), and log 2 per
@@ -57,6 +59,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._inputs import check_int, empty_result, group_queries, is_empty
+from .exact import _no_denormals
 
 __all__ = ["marginals", "log_partition"]
 
@@ -226,10 +229,7 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
     coupling_range = _window_max(band.abs().sum(1), w + _block_size(w))
     linear = not holes and coupling_range <= _linear_limit(w, n, dtype)
     k = _block_size(w) if linear else 1
-    work = dtype  # speed only: float32 messages whose entries would reach subnormals (slow on CPUs) use float64
-    spread = 2 * _window_max(fields.abs(), w + k) + 4 * coupling_range
-    if linear and dtype == torch.float32 and spread > _normal_range(w):
-        work = torch.float64
+    work = dtype
     padded = torch.cat([band.new_zeros(w + k - 1, w), band])  # row w + k - 1 + p: couplings of spin p
     order = torch.argsort(ends, descending=True, stable=True)
     for c in range(k):  # class c: queries whose last spin p has p % k == c, so blocks end at p
@@ -255,9 +255,10 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
                     back = rows - torch.arange(1, w + 1, device=device)                   # (B, w)
                     presence = (pad[:, back] & pad[:, rows]).permute(1, 2, 0).to(dtype)   # (B, w, a)
                 model = _LogDomain(padded[rows[:, 0]], new_fields[:, 0], new_tangent, w, presence)
-            z, m, joint = _sweep(model, last, out.marginals is not None, out.pairs is not None,
-                                 weights[idx].to(work) if weights is not None else None,
-                                 _stride(last, w, work, direction is not None))
+            with _no_denormals(device):
+                z, m, joint = _sweep(model, last, out.marginals is not None, out.pairs is not None,
+                                     weights[idx].to(work) if weights is not None else None,
+                                     _stride(last, w, work, direction is not None))
             absent = torch.full_like(z, w + k - 1 - c)  # virtual spins: initial state, first block's padding
             if holes:
                 absent += ends[idx] + 1 - present[idx].sum(-1)
@@ -285,9 +286,10 @@ def _linear_limit(w: int, n: int, dtype: torch.dtype) -> float:
     return (-math.log(info.tiny) + math.log(info.eps) - math.log(n) - 2 * w * math.log(2.0)) / 2
 
 
-def _normal_range(w: int) -> float:
-    """Log-range of message entries below which float32 stays clear of subnormals (with a margin)."""
-    return -math.log(torch.finfo(torch.float32).tiny) - w * math.log(2.0) - 10.0
+def _floored_exp(x: Tensor) -> Tensor:
+    """exp(x) for x <= 0, with x floored at log(tiny) + 1: exp below log(tiny) takes a slow path on CPUs
+    (~100x), and such weights, below e * tiny relative to the largest (1), are lost to underflow anyway."""
+    return x.clamp_min(math.log(torch.finfo(x.dtype).tiny) + 1.0).exp_()
 
 
 def _band(J: Tensor, w: int) -> Tensor:
@@ -418,12 +420,12 @@ class _Scaled:
         self.T, self.R = 2**k, 2 ** (w - k)
         energy = couplings @ self.pair_signs.flatten(1).T          # (B, 2^(w+k)), window index (o, r, t)
         top = energy.amax(1)
-        self.M = (energy - top[:, None]).exp().view(blocks, self.T, self.R, self.T).permute(0, 2, 3, 1)
+        self.M = _floored_exp(energy - top[:, None]).view(blocks, self.T, self.R, self.T).permute(0, 2, 3, 1)
         self.M = self.M.contiguous()                                # (B, R, T, O)
         spins = _spins(k, dtype, device)                            # (T, k)
         self.state_signs = _state_signs(w, dtype, device)
         size = fields.abs().sum(1)                                  # (B, a)
-        self.phi = (spins @ fields - size[:, None]).exp()           # (B, T, a), largest entry 1
+        self.phi = _floored_exp(spins @ fields - size[:, None])     # (B, T, a), largest entry 1
         self.gamma = spins @ tangent if tangent is not None else None
         self.log_scale = top[:, None] + size
 
