@@ -51,6 +51,7 @@ fill the band; with w = 0 J gets no gradient). Double backward is not supported.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -237,9 +238,8 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
         if len(members) == 0:
             continue
         last_block = (ends[members] - c) // k
-        width = _chunk_width(n, w, k, work, direction is not None) if chunk_size is None else chunk_size
-        for start in range(0, len(members), width):
-            idx, last = members[start:start + width], last_block[start:start + width]
+        for start, stop in _chunks(last_block, n, w, k, work, direction is not None, chunk_size):
+            idx, last = members[start:stop], last_block[start:stop]
             blocks = int(last[0]) + 1
             rows = c + w + k * torch.arange(blocks, device=device)[:, None] + torch.arange(k, device=device)
             spin = (rows - (w + k - 1)).flatten()  # position of each block's new spins; < 0: virtual
@@ -311,11 +311,25 @@ def _take(x: Tensor, rows: Tensor, front: int) -> Tensor:
     return torch.cat([x.new_zeros(x.shape[0], front), x], 1)[:, rows].permute(1, 2, 0)
 
 
-def _chunk_width(n: int, w: int, k: int, dtype: torch.dtype, tangent: bool) -> int:
-    """Default queries per chunk: messages of about CHUNK_ENTRIES entries (cache-sized), and block
-    fields phi within a quarter of the budget."""
-    per_query = (n // k + 1) * 2**k * (1 + tangent) * torch.finfo(dtype).bits // 8
-    return max(1, min(CHUNK_ENTRIES >> w, MESSAGE_BUDGET // 4 // per_query))
+def _chunks(last: Tensor, n: int, w: int, k: int, dtype: torch.dtype, tangent: bool,
+            chunk_size: int | None) -> list[tuple[int, int]]:
+    """(start, stop) of each chunk of queries (sorted by decreasing last block ``last``).
+
+    Given ``chunk_size``: chunks of that many. By default: at most CHUNK_ENTRIES / 2^w queries (a message
+    cache-sized), block fields phi within a quarter of MESSAGE_BUDGET, and as many queries as keep the
+    chunk's forward messages within MESSAGE_BUDGET (at least one), so that the backward sweep does not
+    recompute them: long queries go in narrower chunks than short ones."""
+    if chunk_size is not None:
+        return [(s, min(s + chunk_size, len(last))) for s in range(0, len(last), chunk_size)]
+    size = torch.finfo(dtype).bits // 8 * (1 + tangent)
+    width = max(1, min(CHUNK_ENTRIES >> w, MESSAGE_BUDGET // 4 // ((n // k + 1) * 2**k * size)))
+    kept = torch.cat([last.new_zeros(1), ((last + 1) * 2**w * size).cumsum(0)]).tolist()
+    chunks, start = [], 0
+    while start < len(last):
+        stop = min(start + width, bisect.bisect_right(kept, kept[start] + MESSAGE_BUDGET) - 1)
+        chunks.append((start, max(stop, start + 1)))
+        start = chunks[-1][1]
+    return chunks
 
 
 def _stride(last: Tensor, w: int, dtype: torch.dtype, tangent: bool) -> int:
