@@ -39,7 +39,7 @@ Numerics. Two recursions, chosen per group of queries sharing J:
   couplings differ per query: absent spins get field 0 and couplings 0 (free spins), and log 2 per
   absent spin is taken off log Z.
 
-Gradients (custom autograd functions; nothing is stored per step). For log Z: d/dh_j = <s_j> and
+Gradients (one custom autograd function, _Banded; nothing is stored per step). For log Z: d/dh_j = <s_j> and
 d/dJ_lp = <s_l s_p> / 2 for each of the two symmetric entries. For the marginals, the vector-Jacobian
 product with g is the Hessian of log Z applied to g (it is symmetric), i.e. the derivative of <s_j> and
 of <s_l s_p> along the field direction g: dL/dh_j = sum_i g_i Cov(s_i, s_j), dL/dJ_lp = sum_i g_i
@@ -85,7 +85,7 @@ def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None
         m = torch.tanh(h).expand(_batch_shape(h, J, mask) + h.shape[-1:])
         return m if mask is None else m * mask
     g = group_queries(h, J, None, mask)
-    return g.ungroup(_Marginals.apply(g.h, g.J, g.mask, w, chunk_size))
+    return g.ungroup(_Banded.apply(g.h, g.J, g.mask, w, chunk_size, True))
 
 
 def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
@@ -99,7 +99,7 @@ def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
         terms = terms if mask is None else terms * mask
         return terms.expand(_batch_shape(h, J, mask) + h.shape[-1:]).sum(-1)
     g = group_queries(h, J, None, mask)
-    return g.ungroup(_LogPartition.apply(g.h, g.J, g.mask, w, chunk_size))
+    return g.ungroup(_Banded.apply(g.h, g.J, g.mask, w, chunk_size, False))
 
 
 def _batch_shape(h: Tensor, J: Tensor | None, mask: Tensor | None) -> torch.Size:
@@ -138,40 +138,33 @@ def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | N
     return 0 if J is None else w
 
 
-class _Marginals(torch.autograd.Function):
+class _Banded(torch.autograd.Function):
+    """Marginals (``want_marginals``) or log Z of grouped inputs, one node. Backward of log Z: the
+    marginals and pair sums weighted by the incoming gradient; of the marginals: their tangents along it
+    (the Hessian of log Z applied to the gradient)."""
+
     @staticmethod
-    def forward(ctx, h, J, mask, w, chunk_size):
+    def forward(ctx, h, J, mask, w, chunk_size, want_marginals):
         ctx.save_for_backward(h, J, mask)
-        ctx.options = (w, chunk_size)
-        return _solve(h, J, mask, *ctx.options, marginals=True).marginals.to(h.dtype)
+        ctx.options, ctx.want_marginals = (w, chunk_size), want_marginals
+        out = _solve(h, J, mask, w, chunk_size, marginals=want_marginals)
+        return (out.marginals if want_marginals else out.log_z).to(h.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         h, J, mask = ctx.saved_tensors
-        if mask is not None:
-            grad = grad * mask
-        out = _solve(h, J, mask, *ctx.options, marginals=True, tangent=grad, pairs=ctx.needs_input_grad[1])
-        dh = out.marginals.to(h.dtype) if ctx.needs_input_grad[0] else None
-        dJ = _dense(out.pairs, h.shape[-1]).to(J.dtype) if ctx.needs_input_grad[1] else None
-        return dh, dJ, None, None, None
-
-
-class _LogPartition(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, J, mask, w, chunk_size):
-        ctx.save_for_backward(h, J, mask)
-        ctx.options = (w, chunk_size)
-        return _solve(h, J, mask, *ctx.options, marginals=False).log_z.to(h.dtype)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        h, J, mask = ctx.saved_tensors
-        out = _solve(h, J, mask, *ctx.options, marginals=True, pairs=ctx.needs_input_grad[1], pair_weights=grad)
-        dh = (grad[..., None] * out.marginals).to(h.dtype) if ctx.needs_input_grad[0] else None
-        dJ = _dense(out.pairs, h.shape[-1]).to(J.dtype) if ctx.needs_input_grad[1] else None
-        return dh, dJ, None, None, None
+        pairs = ctx.needs_input_grad[1]
+        if ctx.want_marginals:
+            out = _solve(h, J, mask, *ctx.options, marginals=True, tangent=grad if mask is None else grad * mask,
+                         pairs=pairs)
+            dh = out.marginals
+        else:
+            out = _solve(h, J, mask, *ctx.options, marginals=True, pairs=pairs, pair_weights=grad)
+            dh = grad[..., None] * out.marginals
+        dh = dh.to(h.dtype) if ctx.needs_input_grad[0] else None
+        dJ = _dense(out.pairs, h.shape[-1]).to(J.dtype) if pairs else None
+        return dh, dJ, None, None, None, None
 
 
 def _dense(band: Tensor, n: int) -> Tensor:
