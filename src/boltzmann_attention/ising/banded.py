@@ -435,6 +435,10 @@ class _Scaled:
         self.phi = _floored_exp(spins @ fields - size[:, None])     # (B, T, a), largest entry 1
         self.gamma = spins @ tangent if tangent is not None else None
         self.log_scale = top[:, None] + size
+        # per-block views, taken once (indexing in the loop costs more dispatches than the block's arithmetic)
+        self.blocks_M, self.blocks_back = self.M.unbind(0), self.M.transpose(2, 3).unbind(0)  # (R, T, O), (R, O, T)
+        self.blocks_phi = self.phi.unbind(0)
+        self.blocks_gamma = self.gamma.unbind(0) if tangent is not None else None
 
     def start(self, a: int) -> _Message:
         S = self.R * self.T
@@ -444,15 +448,15 @@ class _Scaled:
 
     def _split(self, x: Tensor, a: int) -> Tensor:
         """(S, >= a) state-major message -> (R, O, a) view: old state (o, r) with r as the batch."""
-        return x[:, :a].unflatten(0, (self.T, self.R)).transpose(0, 1)
+        return x.as_strided((self.R, self.T, a), (x.stride(0), self.R * x.stride(0), x.stride(1)))
 
     def forward(self, b: int, prev: _Message, a: int) -> _Message:
-        scale = self.phi[b, :, :a] / prev.norm[:a]
-        value = torch.bmm(self.M[b], self._split(prev.value, a)).mul_(scale)        # (R, T, a)
+        scale = self.blocks_phi[b][:, :a] / prev.norm[:a]
+        value = torch.bmm(self.blocks_M[b], self._split(prev.value, a)).mul_(scale)  # (R, T, a)
         tangent = None
         if self.tangent is not None:
-            tangent = torch.bmm(self.M[b], self._split(prev.tangent, a)).mul_(scale)
-            tangent = tangent.addcmul_(value, self.gamma[b, :, :a]).view(-1, a)
+            tangent = torch.bmm(self.blocks_M[b], self._split(prev.tangent, a)).mul_(scale)
+            tangent = tangent.addcmul_(value, self.blocks_gamma[b][:, :a]).view(-1, a)
         value = value.view(-1, a)
         return _Message(value, tangent, value.sum(0), scale)
 
@@ -487,7 +491,7 @@ class _Scaled:
         R, T, a = self.R, self.T, beta.shape[1]
         v = beta.view(R, T, a) * cur.scale                          # phi_b beta_b / sum(alpha_{b-1})
         if self.tangent is not None:
-            dv = torch.addcmul(dbeta.view(R, T, a) * cur.scale, v, self.gamma[b, :, :a])
+            dv = torch.addcmul(dbeta.view(R, T, a) * cur.scale, v, self.blocks_gamma[b][:, :a])
         joint = None
         if pairs:
             old = self._split(prev.value, a)
@@ -496,12 +500,12 @@ class _Scaled:
             else:
                 joint = torch.bmm(old, dv.transpose(1, 2)).add_(
                     torch.bmm(self._split(prev.tangent, a), v.transpose(1, 2)))
-            joint = (joint * self.M[b].transpose(1, 2)).transpose(0, 1).flatten()  # (R, O, T) -> (o, r, t)
+            joint = (joint * self.blocks_back[b]).transpose(0, 1).flatten()  # (R, O, T) -> (o, r, t)
         if b > 0:
-            back = self.M[b].transpose(1, 2)                         # (R, O, T)
-            torch.bmm(back, v, out=beta.unflatten(0, (T, R)).transpose(0, 1))
+            back = self.blocks_back[b]                               # (R, O, T)
+            torch.bmm(back, v, out=self._split(beta, a))
             if self.tangent is not None:
-                torch.bmm(back, dv, out=dbeta.unflatten(0, (T, R)).transpose(0, 1))
+                torch.bmm(back, dv, out=self._split(dbeta, a))
         return joint
 
 
