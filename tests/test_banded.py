@@ -123,6 +123,22 @@ def test_chunks_and_checkpoints_agree(monkeypatch):
             assert torch.allclose(a, b, rtol=0, atol=TOL)
 
 
+def test_chunks_fit_the_message_budget(monkeypatch):
+    """Default chunks (queries sorted longest first) hold as many queries as keep their forward messages
+    within MESSAGE_BUDGET (at least one), and no more than the cache-sized width; chunk_size overrides."""
+    w, k = 8, 4
+    last = torch.tensor([9, 9, 7, 5, 5, 2, 0])              # last block of each query
+    monkeypatch.setattr(banded, "MESSAGE_BUDGET", 12 * 2**w * 4)  # 12 blocks of float32 messages
+    chunks = banded._chunks(last, 40, w, k, torch.float32, False, None)
+    assert chunks == [(0, 1), (1, 2), (2, 3), (3, 5), (5, 7)]
+    assert banded._chunks(last, 40, w, k, torch.float32, True, None)[:2] == [(0, 1), (1, 2)]  # 10 > 6 blocks
+    assert banded._chunks(last, 40, w, k, torch.float32, False, 3) == [(0, 3), (3, 6), (6, 7)]
+    monkeypatch.setattr(banded, "CHUNK_ENTRIES", 2 * 2**w)  # width 2 at most
+    assert banded._chunks(last, 40, w, k, torch.float32, False, None)[-1] == (5, 7)
+    monkeypatch.setattr(banded, "MESSAGE_BUDGET", 2**30)
+    assert banded._chunks(last, 40, w, k, torch.float32, False, None) == [(0, 2), (2, 4), (4, 6), (6, 7)]
+
+
 @pytest.mark.parametrize("mask_kind", ["none", "prefix", "random"])
 @pytest.mark.parametrize("domain", ["scaled", "log"])
 def test_gradcheck(mask_kind, domain, request):
