@@ -14,10 +14,11 @@ w + k spins of the block's window, which holds <s_l s_p> for every coupling J_lp
 
 Shapes: h (..., n); J (..., n, n) or None; mask (..., n) bool or None. Queries (batch entries of h that
 share J, see ``group_queries``) run side by side as the columns of (S, queries) messages, in chunks of
-about CHUNK_ENTRIES / S queries. Cost per query: O(n 2^(w+k) / k) multiply-adds in GEMMs and O(n 2^w / k)
-elementwise work. Memory: the forward messages of a chunk are kept for the backward sweep, or, beyond
-MESSAGE_BUDGET, one in about sqrt(blocks) is kept and the others are recomputed. A query's chain stops
-at its last present spin, so causal masks cost half.
+at most CHUNK_ENTRIES / S queries. Cost per query: O(n 2^(w+k) / k) multiply-adds in GEMMs and O(n 2^w / k)
+elementwise work. Memory: the forward messages of a chunk are kept for the backward sweep; by default a
+chunk holds as many queries (longest first) as keep them within MESSAGE_BUDGET, and only a chunk beyond it
+(one query, or a given chunk_size) keeps one in about sqrt(blocks) and recomputes the others. A query's
+chain stops at its last present spin, so causal masks cost half.
 
 Numerics. Two recursions, chosen per group of queries sharing J:
 
