@@ -75,7 +75,10 @@ def _module_at(commit: str, path: str, name: str):
     spec = importlib.util.spec_from_file_location(name, f.name)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        os.unlink(f.name)
     return module
 
 
