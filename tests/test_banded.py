@@ -123,6 +123,22 @@ def test_chunks_and_checkpoints_agree(monkeypatch):
             assert torch.allclose(a, b, rtol=0, atol=TOL)
 
 
+def test_chunks_fit_the_message_budget(monkeypatch):
+    """Default chunks (queries sorted longest first) hold as many queries as keep their forward messages
+    within MESSAGE_BUDGET (at least one), and no more than the cache-sized width; chunk_size overrides."""
+    w, k = 8, 4
+    last = torch.tensor([9, 9, 7, 5, 5, 2, 0])              # last block of each query
+    monkeypatch.setattr(banded, "MESSAGE_BUDGET", 12 * 2**w * 4)  # 12 blocks of float32 messages
+    chunks = banded._chunks(last, 40, w, k, torch.float32, False, None)
+    assert chunks == [(0, 1), (1, 2), (2, 3), (3, 5), (5, 7)]
+    assert banded._chunks(last, 40, w, k, torch.float32, True, None)[:2] == [(0, 1), (1, 2)]  # 10 > 6 blocks
+    assert banded._chunks(last, 40, w, k, torch.float32, False, 3) == [(0, 3), (3, 6), (6, 7)]
+    monkeypatch.setattr(banded, "CHUNK_ENTRIES", 2 * 2**w)  # width 2 at most
+    assert banded._chunks(last, 40, w, k, torch.float32, False, None)[-1] == (5, 7)
+    monkeypatch.setattr(banded, "MESSAGE_BUDGET", 2**30)
+    assert banded._chunks(last, 40, w, k, torch.float32, False, None) == [(0, 2), (2, 4), (4, 6), (6, 7)]
+
+
 @pytest.mark.parametrize("mask_kind", ["none", "prefix", "random"])
 @pytest.mark.parametrize("domain", ["scaled", "log"])
 def test_gradcheck(mask_kind, domain, request):
@@ -214,12 +230,36 @@ def test_large_values(mask_kind):
 
 
 def test_float32_with_sharp_fields_and_weak_couplings():
-    """Large fields alone keep the scaled recursion (run in float64 to avoid subnormals); still exact."""
+    """Large fields alone keep the scaled recursion, in float32 (subnormals flushed, exp floored); exact."""
     h, J, _ = random_problem(11, 12, 3, scale=1.0)
     h = 30 * h
     m = banded.marginals(h.float(), J.float(), None, None)
     assert m.dtype == torch.float32
     assert torch.allclose(m.double(), reference.marginals(h, J, None, None), rtol=0, atol=1e-5)
+
+
+def test_float32_attention_fields_run_in_float32(monkeypatch):
+    """Sigmoid-attention fields (near -log(n) / 2, which once sent float32 to float64): float32 messages,
+    marginals, log Z and gradients within float32 rounding of the float64 reference."""
+    g = torch.Generator().manual_seed(13)
+    n, w = 16, 8
+    h = torch.randn(6, n, generator=g, dtype=torch.float64) - 4.0
+    J = banded_couplings(0.1 * torch.randn(n, n, generator=g, dtype=torch.float64), w)
+    mask = make_mask("prefix", 6, n, g)
+    dtypes = []
+    original = banded._Scaled.__init__
+    monkeypatch.setattr(banded._Scaled, "__init__",
+                        lambda self, c, *args: dtypes.append(c.dtype) or original(self, c, *args))
+    h32 = h.float().requires_grad_()
+    m = banded.marginals(h32, J.float(), mask=mask, K=None, bandwidth=w)
+    m.sum().backward()
+    assert set(dtypes) == {torch.float32}
+    assert torch.allclose(m.double(), reference.marginals(h, J, None, mask), rtol=0, atol=1e-5)
+    assert torch.allclose(banded.log_partition(h.float(), J.float(), None, mask).double(),
+                          reference.log_partition(h, J, None, mask), rtol=1e-6, atol=0)
+    hh = h.clone().requires_grad_()
+    reference.marginals(hh, J, None, mask).sum().backward()
+    assert torch.allclose(h32.grad.double(), hh.grad, rtol=0, atol=1e-4)
 
 
 def test_long_chain_against_independent_pieces():

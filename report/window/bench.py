@@ -8,18 +8,28 @@ the same x; a step is forward, sum of the output, backward. The layers run alter
 rows alike; the table gives the median step time and its ratio to mode h at the same thread count.
 Then, for mean field and TAP (relative couplings, range 8): the forward / backward iteration counts and
 residuals, and the error of the weights against method 'banded' (exact) at the same J, weak and strong.
+
+    PYTHONPATH=src python report/window/bench.py --banded [--banded-baseline COMMIT] --threads 1 --repeats 2
+
+Issue 14 §3 only: mode h against the banded exact layer (relative couplings, range 8), and, with
+``--banded-baseline``, against ising/banded.py as it was at COMMIT (loaded into a temporary module and
+swapped in for its row), all alternating in one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
 
-from boltzmann_attention import BoltzmannAttention, boltzmann_attention
+from boltzmann_attention import BoltzmannAttention, boltzmann_attention, ising
 from boltzmann_attention.ising import toeplitz
 from boltzmann_attention.provenance import machine_info
 
@@ -42,22 +52,61 @@ def layers(T: int, W: int, d_model: int = 64) -> dict[str, BoltzmannAttention]:
     }
 
 
-def measure(T: int, B: int, W: int, threads: int, repeats: int) -> dict[str, float]:
-    torch.set_num_threads(threads)
-    mods = layers(T, W)
-    x = torch.randn(B, T, 64)
+def banded_layers(T: int, baseline: str | None, d_model: int = 64) -> dict[str, tuple[BoltzmannAttention, tuple]]:
+    """Mode h and the banded exact layer (range 8); with a baseline commit, the same layer run through
+    ising/banded.py of that commit. Values: (layer, the (marginals, log_partition) pair its row uses)."""
+    torch.manual_seed(0)
+    current = ising.METHODS["banded"]
+    banded = BoltzmannAttention(d_model, 1, max_len=T, coupling="relative", coupling_range=RANGE, method="banded",
+                                coupling_init_std=0.1)
+    rows = {"h (sigmoid, materialised)": (BoltzmannAttention(d_model, 1, max_len=T, mode="h"), current),
+            f"h+J relative range {RANGE}, banded (exact)": (banded, current)}
+    if baseline is not None:
+        old = _module_at(baseline, "src/boltzmann_attention/ising/banded.py", "boltzmann_attention.ising._banded_old")
+        rows[f"h+J relative range {RANGE}, banded (exact) at {baseline}"] = (banded, (old.marginals, old.log_partition))
+    return rows
 
-    def step(m):
-        m.zero_grad(set_to_none=True)
-        m(x)[0].sum().backward()
+
+def _module_at(commit: str, path: str, name: str):
+    """The file ``path`` as it was at ``commit``, imported as module ``name`` (inside its package)."""
+    source = subprocess.run(["git", "show", f"{commit}:{path}"], check=True, capture_output=True, text=True).stdout
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(name, f.name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        os.unlink(f.name)
+    return module
+
+
+def measure(T: int, B: int, W: int, threads: int, repeats: int, baseline: str | None = None,
+            banded_only: bool = False) -> dict[str, float]:
+    torch.set_num_threads(threads)
+    if banded_only:
+        mods = banded_layers(T, baseline)
+    else:
+        mods = {name: (m, ising.METHODS["banded"]) for name, m in layers(T, W).items()}
+    x = torch.randn(B, T, 64)
+    current = ising.METHODS["banded"]
+
+    def step(m, method):
+        ising.METHODS["banded"] = method
+        try:
+            m.zero_grad(set_to_none=True)
+            m(x)[0].sum().backward()
+        finally:
+            ising.METHODS["banded"] = current
 
     for m in mods.values():
-        step(m)
+        step(*m)
     times: dict[str, list[float]] = {name: [] for name in mods}
     for _ in range(repeats):
         for name, m in mods.items():
             start = time.perf_counter()
-            step(m)
+            step(*m)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
@@ -117,10 +166,12 @@ def main() -> None:
     p.add_argument("--T", type=int, default=1024)
     p.add_argument("--B", type=int, default=8)
     p.add_argument("--W", type=int, default=16)
+    p.add_argument("--banded", action="store_true", help="only mode h and the banded exact layer (issue 14 §3)")
+    p.add_argument("--banded-baseline", metavar="COMMIT", help="with --banded: also banded.py at COMMIT")
     a = p.parse_args()
     info = machine_info()
     load = os.getloadavg()[0]
-    rows = {t: measure(a.T, a.B, a.W, t, a.repeats) for t in a.threads}
+    rows = {t: measure(a.T, a.B, a.W, t, a.repeats, a.banded_baseline, a.banded) for t in a.threads}
     print(f"T = {a.T}, B = {a.B}, d_model 64, 1 head, causal, float32, fwd+bwd, median of {a.repeats} "
           f"alternating rounds; {info['processor']}, {info['cpus']} CPUs, torch {info['torch']}, "
           f"commit {info['commit']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
@@ -131,6 +182,8 @@ def main() -> None:
     for name in rows[a.threads[0]]:
         cells = " | ".join(f"{rows[t][name] * 1e3:.0f} | {rows[t][name] / rows[t][h]:.2f}" for t in a.threads)
         print(f"| {name} | {cells} |")
+    if a.banded:
+        return
     print(f"\nMean field / TAP solver on the layer's field (B = {a.B}, 1 thread): tol 1e-6, max over the causal "
           "row chunks\n")
     print("| layer | forward iterations | residual | backward iterations | residual |\n|---|---:|---:|---:|---:|")

@@ -14,10 +14,11 @@ w + k spins of the block's window, which holds <s_l s_p> for every coupling J_lp
 
 Shapes: h (..., n); J (..., n, n) or None; mask (..., n) bool or None. Queries (batch entries of h that
 share J, see ``group_queries``) run side by side as the columns of (S, queries) messages, in chunks of
-about CHUNK_ENTRIES / S queries. Cost per query: O(n 2^(w+k) / k) multiply-adds in GEMMs and O(n 2^w / k)
-elementwise work. Memory: the forward messages of a chunk are kept for the backward sweep, or, beyond
-MESSAGE_BUDGET, one in about sqrt(blocks) is kept and the others are recomputed. A query's chain stops
-at its last present spin, so causal masks cost half.
+at most CHUNK_ENTRIES / S queries. Cost per query: O(n 2^(w+k) / k) multiply-adds in GEMMs and O(n 2^w / k)
+elementwise work. Memory: the forward messages of a chunk are kept for the backward sweep; by default a
+chunk holds as many queries (longest first) as keep them within MESSAGE_BUDGET, and only a chunk beyond it
+(one query, or a given chunk_size) keeps one in about sqrt(blocks) and recomputes the others. A query's
+chain stops at its last present spin, so causal masks cost half.
 
 Numerics. Two recursions, chosen per group of queries sharing J:
 
@@ -29,15 +30,17 @@ Numerics. Two recursions, chosen per group of queries sharing J:
   which beta does not see. So with R = 2 * max over w + k consecutive spins of sum_l |J_lp| >= C + Delta,
   the relative error from underflow is at most n 4^w tiny exp(R); the path is used when this is below
   the dtype's eps, i.e. R <= log(1 / tiny) - log(1 / eps) - log n - 2 w log 2 (about 53 in float32 at
-  n = 1024, w = 8; 650 in float64), and the log-domain path is used otherwise. Large fields are safe;
-  float32 inputs whose fields spread message entries into subnormal numbers (very slow on CPUs) are
-  run in float64 (a speed measure only).
+  n = 1024, w = 8; 650 in float64), and the log-domain path is used otherwise. Large fields are safe.
+  Subnormal numbers (arithmetic on them is ~40x slower on CPUs) are flushed to zero on the calling
+  thread and exp arguments are floored at log(tiny) + 1: both only touch entries below e * tiny
+  relative to the largest, inside the same bound. So float32 runs in float32 (before: in float64
+  whenever the fields could reach subnormals, which sigmoid-attention fields near -log(n) / 2 do).
 * Log domain (fallback, one spin per step): log messages with logaddexp, normalised every step. Also
   used when a mask has holes (absent spins before a query's last present spin), because then the
   couplings differ per query: absent spins get field 0 and couplings 0 (free spins), and log 2 per
   absent spin is taken off log Z.
 
-Gradients (custom autograd functions; nothing is stored per step). For log Z: d/dh_j = <s_j> and
+Gradients (one custom autograd function, _Banded; nothing is stored per step). For log Z: d/dh_j = <s_j> and
 d/dJ_lp = <s_l s_p> / 2 for each of the two symmetric entries. For the marginals, the vector-Jacobian
 product with g is the Hessian of log Z applied to g (it is symmetric), i.e. the derivative of <s_j> and
 of <s_l s_p> along the field direction g: dL/dh_j = sum_i g_i Cov(s_i, s_j), dL/dJ_lp = sum_i g_i
@@ -49,6 +52,7 @@ fill the band; with w = 0 J gets no gradient). Double backward is not supported.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -57,6 +61,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._inputs import check_int, empty_result, group_queries, is_empty
+from .exact import _no_denormals
 
 __all__ = ["marginals", "log_partition"]
 
@@ -81,7 +86,7 @@ def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None
         m = torch.tanh(h).expand(_batch_shape(h, J, mask) + h.shape[-1:])
         return m if mask is None else m * mask
     g = group_queries(h, J, None, mask)
-    return g.ungroup(_Marginals.apply(g.h, g.J, g.mask, w, chunk_size))
+    return g.ungroup(_Banded.apply(g.h, g.J, g.mask, w, chunk_size, True))
 
 
 def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
@@ -95,7 +100,7 @@ def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
         terms = terms if mask is None else terms * mask
         return terms.expand(_batch_shape(h, J, mask) + h.shape[-1:]).sum(-1)
     g = group_queries(h, J, None, mask)
-    return g.ungroup(_LogPartition.apply(g.h, g.J, g.mask, w, chunk_size))
+    return g.ungroup(_Banded.apply(g.h, g.J, g.mask, w, chunk_size, False))
 
 
 def _batch_shape(h: Tensor, J: Tensor | None, mask: Tensor | None) -> torch.Size:
@@ -134,40 +139,33 @@ def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | N
     return 0 if J is None else w
 
 
-class _Marginals(torch.autograd.Function):
+class _Banded(torch.autograd.Function):
+    """Marginals (``want_marginals``) or log Z of grouped inputs, one node. Backward of log Z: the
+    marginals and pair sums weighted by the incoming gradient; of the marginals: their tangents along it
+    (the Hessian of log Z applied to the gradient)."""
+
     @staticmethod
-    def forward(ctx, h, J, mask, w, chunk_size):
+    def forward(ctx, h, J, mask, w, chunk_size, want_marginals):
         ctx.save_for_backward(h, J, mask)
-        ctx.options = (w, chunk_size)
-        return _solve(h, J, mask, *ctx.options, marginals=True).marginals.to(h.dtype)
+        ctx.options, ctx.want_marginals = (w, chunk_size), want_marginals
+        out = _solve(h, J, mask, w, chunk_size, marginals=want_marginals)
+        return (out.marginals if want_marginals else out.log_z).to(h.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         h, J, mask = ctx.saved_tensors
-        if mask is not None:
-            grad = grad * mask
-        out = _solve(h, J, mask, *ctx.options, marginals=True, tangent=grad, pairs=ctx.needs_input_grad[1])
-        dh = out.marginals.to(h.dtype) if ctx.needs_input_grad[0] else None
-        dJ = _dense(out.pairs, h.shape[-1]).to(J.dtype) if ctx.needs_input_grad[1] else None
-        return dh, dJ, None, None, None
-
-
-class _LogPartition(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, J, mask, w, chunk_size):
-        ctx.save_for_backward(h, J, mask)
-        ctx.options = (w, chunk_size)
-        return _solve(h, J, mask, *ctx.options, marginals=False).log_z.to(h.dtype)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        h, J, mask = ctx.saved_tensors
-        out = _solve(h, J, mask, *ctx.options, marginals=True, pairs=ctx.needs_input_grad[1], pair_weights=grad)
-        dh = (grad[..., None] * out.marginals).to(h.dtype) if ctx.needs_input_grad[0] else None
-        dJ = _dense(out.pairs, h.shape[-1]).to(J.dtype) if ctx.needs_input_grad[1] else None
-        return dh, dJ, None, None, None
+        pairs = ctx.needs_input_grad[1]
+        if ctx.want_marginals:
+            out = _solve(h, J, mask, *ctx.options, marginals=True, tangent=grad if mask is None else grad * mask,
+                         pairs=pairs)
+            dh = out.marginals
+        else:
+            out = _solve(h, J, mask, *ctx.options, marginals=True, pairs=pairs, pair_weights=grad)
+            dh = grad[..., None] * out.marginals
+        dh = dh.to(h.dtype) if ctx.needs_input_grad[0] else None
+        dJ = _dense(out.pairs, h.shape[-1]).to(J.dtype) if pairs else None
+        return dh, dJ, None, None, None, None
 
 
 def _dense(band: Tensor, n: int) -> Tensor:
@@ -226,10 +224,7 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
     coupling_range = _window_max(band.abs().sum(1), w + _block_size(w))
     linear = not holes and coupling_range <= _linear_limit(w, n, dtype)
     k = _block_size(w) if linear else 1
-    work = dtype  # speed only: float32 messages whose entries would reach subnormals (slow on CPUs) use float64
-    spread = 2 * _window_max(fields.abs(), w + k) + 4 * coupling_range
-    if linear and dtype == torch.float32 and spread > _normal_range(w):
-        work = torch.float64
+    work = dtype
     padded = torch.cat([band.new_zeros(w + k - 1, w), band])  # row w + k - 1 + p: couplings of spin p
     order = torch.argsort(ends, descending=True, stable=True)
     for c in range(k):  # class c: queries whose last spin p has p % k == c, so blocks end at p
@@ -237,9 +232,8 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
         if len(members) == 0:
             continue
         last_block = (ends[members] - c) // k
-        width = _chunk_width(n, w, k, work, direction is not None) if chunk_size is None else chunk_size
-        for start in range(0, len(members), width):
-            idx, last = members[start:start + width], last_block[start:start + width]
+        for start, stop in _chunks(last_block, n, w, k, work, direction is not None, chunk_size):
+            idx, last = members[start:stop], last_block[start:stop]
             blocks = int(last[0]) + 1
             rows = c + w + k * torch.arange(blocks, device=device)[:, None] + torch.arange(k, device=device)
             spin = (rows - (w + k - 1)).flatten()  # position of each block's new spins; < 0: virtual
@@ -255,9 +249,10 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
                     back = rows - torch.arange(1, w + 1, device=device)                   # (B, w)
                     presence = (pad[:, back] & pad[:, rows]).permute(1, 2, 0).to(dtype)   # (B, w, a)
                 model = _LogDomain(padded[rows[:, 0]], new_fields[:, 0], new_tangent, w, presence)
-            z, m, joint = _sweep(model, last, out.marginals is not None, out.pairs is not None,
-                                 weights[idx].to(work) if weights is not None else None,
-                                 _stride(last, w, work, direction is not None))
+            with _no_denormals(device):
+                z, m, joint = _sweep(model, last, out.marginals is not None, out.pairs is not None,
+                                     weights[idx].to(work) if weights is not None else None,
+                                     _stride(last, w, work, direction is not None))
             absent = torch.full_like(z, w + k - 1 - c)  # virtual spins: initial state, first block's padding
             if holes:
                 absent += ends[idx] + 1 - present[idx].sum(-1)
@@ -285,9 +280,10 @@ def _linear_limit(w: int, n: int, dtype: torch.dtype) -> float:
     return (-math.log(info.tiny) + math.log(info.eps) - math.log(n) - 2 * w * math.log(2.0)) / 2
 
 
-def _normal_range(w: int) -> float:
-    """Log-range of message entries below which float32 stays clear of subnormals (with a margin)."""
-    return -math.log(torch.finfo(torch.float32).tiny) - w * math.log(2.0) - 10.0
+def _floored_exp(x: Tensor) -> Tensor:
+    """exp(x) for x <= 0, with x floored at log(tiny) + 1: exp below log(tiny) takes a slow path on CPUs
+    (~100x), and such weights, below e * tiny relative to the largest (1), are lost to underflow anyway."""
+    return x.clamp_min(math.log(torch.finfo(x.dtype).tiny) + 1.0).exp_()
 
 
 def _band(J: Tensor, w: int) -> Tensor:
@@ -309,11 +305,25 @@ def _take(x: Tensor, rows: Tensor, front: int) -> Tensor:
     return torch.cat([x.new_zeros(x.shape[0], front), x], 1)[:, rows].permute(1, 2, 0)
 
 
-def _chunk_width(n: int, w: int, k: int, dtype: torch.dtype, tangent: bool) -> int:
-    """Default queries per chunk: messages of about CHUNK_ENTRIES entries (cache-sized), and block
-    fields phi within a quarter of the budget."""
-    per_query = (n // k + 1) * 2**k * (1 + tangent) * torch.finfo(dtype).bits // 8
-    return max(1, min(CHUNK_ENTRIES >> w, MESSAGE_BUDGET // 4 // per_query))
+def _chunks(last: Tensor, n: int, w: int, k: int, dtype: torch.dtype, tangent: bool,
+            chunk_size: int | None) -> list[tuple[int, int]]:
+    """(start, stop) of each chunk of queries (sorted by decreasing last block ``last``).
+
+    Given ``chunk_size``: chunks of that many. By default: at most CHUNK_ENTRIES / 2^w queries (a message
+    cache-sized), block fields phi within a quarter of MESSAGE_BUDGET, and as many queries as keep the
+    chunk's forward messages within MESSAGE_BUDGET (at least one), so that the backward sweep does not
+    recompute them: long queries go in narrower chunks than short ones."""
+    if chunk_size is not None:
+        return [(s, min(s + chunk_size, len(last))) for s in range(0, len(last), chunk_size)]
+    size = torch.finfo(dtype).bits // 8 * (1 + tangent)
+    width = max(1, min(CHUNK_ENTRIES >> w, MESSAGE_BUDGET // 4 // ((n // k + 1) * 2**k * size)))
+    kept = torch.cat([last.new_zeros(1), ((last + 1) * 2**w * size).cumsum(0)]).tolist()
+    chunks, start = [], 0
+    while start < len(last):
+        stop = min(start + width, bisect.bisect_right(kept, kept[start] + MESSAGE_BUDGET) - 1)
+        chunks.append((start, max(stop, start + 1)))
+        start = chunks[-1][1]
+    return chunks
 
 
 def _stride(last: Tensor, w: int, dtype: torch.dtype, tangent: bool) -> int:
@@ -418,14 +428,18 @@ class _Scaled:
         self.T, self.R = 2**k, 2 ** (w - k)
         energy = couplings @ self.pair_signs.flatten(1).T          # (B, 2^(w+k)), window index (o, r, t)
         top = energy.amax(1)
-        self.M = (energy - top[:, None]).exp().view(blocks, self.T, self.R, self.T).permute(0, 2, 3, 1)
+        self.M = _floored_exp(energy - top[:, None]).view(blocks, self.T, self.R, self.T).permute(0, 2, 3, 1)
         self.M = self.M.contiguous()                                # (B, R, T, O)
         spins = _spins(k, dtype, device)                            # (T, k)
         self.state_signs = _state_signs(w, dtype, device)
         size = fields.abs().sum(1)                                  # (B, a)
-        self.phi = (spins @ fields - size[:, None]).exp()           # (B, T, a), largest entry 1
+        self.phi = _floored_exp(spins @ fields - size[:, None])     # (B, T, a), largest entry 1
         self.gamma = spins @ tangent if tangent is not None else None
         self.log_scale = top[:, None] + size
+        # per-block views, taken once (indexing in the loop costs more dispatches than the block's arithmetic)
+        self.blocks_M, self.blocks_back = self.M.unbind(0), self.M.transpose(2, 3).unbind(0)  # (R, T, O), (R, O, T)
+        self.blocks_phi = self.phi.unbind(0)
+        self.blocks_gamma = self.gamma.unbind(0) if tangent is not None else None
 
     def start(self, a: int) -> _Message:
         S = self.R * self.T
@@ -435,15 +449,15 @@ class _Scaled:
 
     def _split(self, x: Tensor, a: int) -> Tensor:
         """(S, >= a) state-major message -> (R, O, a) view: old state (o, r) with r as the batch."""
-        return x[:, :a].unflatten(0, (self.T, self.R)).transpose(0, 1)
+        return x.as_strided((self.R, self.T, a), (x.stride(0), self.R * x.stride(0), x.stride(1)))
 
     def forward(self, b: int, prev: _Message, a: int) -> _Message:
-        scale = self.phi[b, :, :a] / prev.norm[:a]
-        value = torch.bmm(self.M[b], self._split(prev.value, a)).mul_(scale)        # (R, T, a)
+        scale = self.blocks_phi[b][:, :a] / prev.norm[:a]
+        value = torch.bmm(self.blocks_M[b], self._split(prev.value, a)).mul_(scale)  # (R, T, a)
         tangent = None
         if self.tangent is not None:
-            tangent = torch.bmm(self.M[b], self._split(prev.tangent, a)).mul_(scale)
-            tangent = tangent.addcmul_(value, self.gamma[b, :, :a]).view(-1, a)
+            tangent = torch.bmm(self.blocks_M[b], self._split(prev.tangent, a)).mul_(scale)
+            tangent = tangent.addcmul_(value, self.blocks_gamma[b][:, :a]).view(-1, a)
         value = value.view(-1, a)
         return _Message(value, tangent, value.sum(0), scale)
 
@@ -478,7 +492,7 @@ class _Scaled:
         R, T, a = self.R, self.T, beta.shape[1]
         v = beta.view(R, T, a) * cur.scale                          # phi_b beta_b / sum(alpha_{b-1})
         if self.tangent is not None:
-            dv = torch.addcmul(dbeta.view(R, T, a) * cur.scale, v, self.gamma[b, :, :a])
+            dv = torch.addcmul(dbeta.view(R, T, a) * cur.scale, v, self.blocks_gamma[b][:, :a])
         joint = None
         if pairs:
             old = self._split(prev.value, a)
@@ -487,12 +501,12 @@ class _Scaled:
             else:
                 joint = torch.bmm(old, dv.transpose(1, 2)).add_(
                     torch.bmm(self._split(prev.tangent, a), v.transpose(1, 2)))
-            joint = (joint * self.M[b].transpose(1, 2)).transpose(0, 1).flatten()  # (R, O, T) -> (o, r, t)
+            joint = (joint * self.blocks_back[b]).transpose(0, 1).flatten()  # (R, O, T) -> (o, r, t)
         if b > 0:
-            back = self.M[b].transpose(1, 2)                         # (R, O, T)
-            torch.bmm(back, v, out=beta.unflatten(0, (T, R)).transpose(0, 1))
+            back = self.blocks_back[b]                               # (R, O, T)
+            torch.bmm(back, v, out=self._split(beta, a))
             if self.tangent is not None:
-                torch.bmm(back, dv, out=dbeta.unflatten(0, (T, R)).transpose(0, 1))
+                torch.bmm(back, dv, out=self._split(dbeta, a))
         return joint
 
 
