@@ -183,7 +183,7 @@ def test_lr_section_applies_the_rule(tmp_path, monkeypatch):
     assert "| h+J | 0.01 | 89.40 ± 1.00 (n=3) | 59.40 ± 1.00 (n=3) |" in text  # 0.4 points ahead: tied
     assert "| h+J | **0.003** | 89.00 ± 1.00 (n=3) | 60.00 ± 1.00 (n=3) |" in text  # ... and more whole sequences
     assert "h: best at 0.01, the grid's edge, so the rule adds lr 0.03" in text
-    assert "J: not decided, runs missing." in text
+    assert "Not decided yet (runs missing): J, h+K, h+J+K." in text
     assert "Chosen: softmax 0.003, h+J 0.003 (BEST_LR in studies/brackets.py differs for softmax, h+J" in text
     assert "## Stage 2" not in text  # BEST_LR is empty
 

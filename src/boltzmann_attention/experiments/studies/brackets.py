@@ -439,11 +439,9 @@ def learning_rate_section(res: Results) -> list[str]:
              "the next lr beyond it. Bold: the rule's choice.", "",
              md_table(["mode", "lr", "validation accuracy (%)", "validation per-sequence (%)", "per seed (%)"],
                       rows), ""]
-    notes = []
-    for mode in MODES:
-        if mode not in decided:
-            notes.append(f"{mode}: not decided, runs missing.")
-            continue
+    missing = [m for m in MODES if m not in decided]
+    notes = [f"Not decided yet (runs missing): {', '.join(missing)}."] if missing else []
+    for mode in decided:
         chosen, extra = decided[mode]
         if chosen is None:
             notes.append(f"{mode}: every lr diverged.")
