@@ -249,3 +249,24 @@ def test_stage_two_report_on_planted_runs(tmp_path, monkeypatch):
     chosen_row = [c.strip() for c in _row(text, "## The easy setting", chosen)]
     assert chosen_row[3] == "88.00 ± 1.58 (n=5)" and chosen_row[-1] == "+2.00 [+2.00, +2.00]**"
     assert "| Brackets at T=16: h+J > softmax > h > J (test accuracy) | does not agree" in text
+
+
+def test_holm_within_families_of_columns():
+    """One p = 0.020 against three more: over the table (4 comparisons, first threshold 0.0125) none survives
+    the Holm correction; as its own family it does, while the other three (threshold 0.0167) still do not."""
+    import numpy as np
+    from scipy.stats import ttest_1samp
+
+    from boltzmann_attention.experiments.stats import paired
+    from boltzmann_attention.experiments.tables import table_with_holm
+
+    d = [1.0, 2.0, 3.0, 0.5, 1.5]
+    assert 0.0167 < ttest_1samp(d, 0).pvalue < 0.025
+    cells = [["row"] + [paired(dict(enumerate(np.zeros(5))), dict(enumerate(d)), lambda a, b: b - a)
+                        for _ in range(4)]]
+
+    def marks(table):
+        return [c.strip().rsplit("]", 1)[1] for c in table.splitlines()[2].split("|")[2:-1]]
+
+    assert marks(table_with_holm(list("abcde"), cells)) == ["*"] * 4
+    assert marks(table_with_holm(list("abcde"), cells, {1: "A", 2: "B", 3: "B", 4: "B"})) == ["**", "*", "*", "*"]

@@ -100,9 +100,9 @@ from ..data import CLOSE, BracketData, depths
 from ..plots import figure, finish
 from ..report import header_section
 from ..results import Group, Results, load_runs
-from ..stats import Paired, holm, paired, points, stat
+from ..stats import paired, points, stat
 from ..sweep import Grid, with_field_bias
-from ..tables import fmt_interval, fmt_num, md_table, table_with_holm
+from ..tables import fmt_num, md_table, table_with_holm
 
 PREFIX = "cal-"  # the variants of the calibration runs
 CALIBRATION_T = 16
@@ -478,17 +478,6 @@ def _test_values(res: Results, variant: str, T: int, mode: str | None, metric: s
     return g.values(metric, "test") if g else {}
 
 
-def table_with_families(header: list[str], cells: list[list], family: dict[int, str]) -> str:
-    """A Markdown table whose Paired cells are intervals with Holm marks, the Holm correction taken within
-    each family of columns (``family``: column index -> family name) over the whole table."""
-    survives = {}
-    for name in set(family.values()):
-        found = [row[j] for row in cells for j, f in family.items() if f == name and isinstance(row[j], Paired)]
-        survives.update(zip(map(id, found), holm([c.p for c in found])))
-    return md_table(header, [[fmt_interval(c, holm_survives=survives[id(c)]) if isinstance(c, Paired) else (c or "")
-                              for c in row] for row in cells])
-
-
 METRICS = (("accuracy", "test accuracy (%)"), ("accuracy_sequence", "per-sequence (%)"))
 
 
@@ -512,10 +501,10 @@ def results_section(view: Results) -> list[str]:
                              + [paired(ablation[k], mine[k], points) for k, _ in METRICS])
         if cells:
             lines += [f"### {'With' if ffn else 'Without'} the FFN", "",
-                      table_with_families(["T", "mode", "lr", *(t for _, t in METRICS), "vs softmax, Δ pts",
-                                           "per-sequence vs softmax, Δ pts", "vs the mode without its coupling, "
-                                           "Δ pts", "per-sequence vs it, Δ pts"], cells,
-                                          {5: "accuracy", 7: "accuracy", 6: "sequence", 8: "sequence"}), ""]
+                      table_with_holm(["T", "mode", "lr", *(t for _, t in METRICS), "vs softmax, Δ pts",
+                                       "per-sequence vs softmax, Δ pts", "vs the mode without its coupling, Δ pts",
+                                       "per-sequence vs it, Δ pts"], cells,
+                                      {5: "accuracy", 7: "accuracy", 6: "sequence", 8: "sequence"}), ""]
     if not lines:
         return []
     return ["## Stage 2: the mechanisms on the chosen setting", "",
