@@ -186,6 +186,20 @@ def test_lr_section_applies_the_rule(tmp_path, monkeypatch):
     assert "Not decided yet (runs missing): J, h+K, h+J+K." in text
     assert "Chosen: softmax 0.003, h+J 0.003 (BEST_LR in studies/brackets.py differs for softmax, h+J" in text
     assert "## Stage 2" not in text  # BEST_LR is empty
+    assert "reproduces them" not in text and "differs from them" not in text  # no calibration archive beside
+
+
+def test_stage_one_says_whether_softmax_reproduces_the_calibration(tmp_path):
+    _plant_stage_one(tmp_path / "results", {"softmax": {3e-3: 0.88}})
+    calibration = tmp_path / "report" / "brackets-calibration"
+    setting = brackets.chosen_setting()
+    for seed, acc in ((0, 0.87), (1, 0.88), (2, 0.8925)):  # seed 2 differs by 0.25 points
+        m = brackets_metrics(acc)
+        write_run(calibration, "brackets", 16, "softmax", seed, variant=setting.variant, val=m, test=m, lr=3e-3,
+                  **setting.overrides)
+    write_archive(load_runs(calibration), calibration)
+    text = write_report(tmp_path / "results", tmp_path / "report" / "brackets-hard").read_text()
+    assert "its validation accuracy (seeds 0, 1, 2) differs from them by up to 0.25 points" in text
 
 
 def _stage_two_accuracy(mode, seed, ffn):
