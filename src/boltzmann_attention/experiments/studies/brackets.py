@@ -82,7 +82,7 @@ the median of the calibration's 42 runs), in ms per step:
     20      14.7   14.9   49.2   94.6  175.6  166.5   2062 s (softmax, h, J, h+J: 694 s)
 
 The six evaluations of a run (0.1-1 s each) add under 2%. Stage 1: 9 x 686 s = 1.7 h of one core; each lr
-added at the edge: 3 runs of one mode, at most 10 min. Stage 2 at T = 8-16: 10 x (300 + 433 + 686) s less
+added at the edge: 3 runs of one mode, up to 10 min. Stage 2 at T = 8-16: 10 x (300 + 433 + 686) s less
 stage 1's 3 x 686 s = 3.4 h. T = 20: its budget, fixed here, is 2 h of one core; softmax, h, J and h+J with
 5 seeds and both FFN settings take 10 x 694 s = 1.9 h and fit, h+K and h+J+K would add 3.8 h (exact's
 enumeration with three-body couplings at 20 spins) and do not, so T = 20 has the paper's four modes and no
