@@ -3,7 +3,7 @@
 import pytest
 from test_report import brackets_metrics, write_run
 
-from boltzmann_attention.experiments.results import Results, load_runs
+from boltzmann_attention.experiments.results import Results, load_runs, write_archive
 from boltzmann_attention.experiments.studies import brackets, profile, study_of, write_report
 
 
@@ -74,3 +74,213 @@ def test_other_studies_runs_are_not_claimed(tmp_path):
     write_run(tmp_path, "brackets", 16, "softmax", 0, variant="base", val=brackets_metrics(0.9),
               test=brackets_metrics(0.9))
     assert study_of(Results(load_runs(tmp_path))) is not brackets
+
+
+# ------------------------------------------------------------------------ the experiments (brackets-hard)
+
+CHOSEN_OPTIONS = {"train_sequences": 300, "min_fill": 0.5, "max_fill": 0.875, "open_probability": 0.75,
+                  "deduplicate": True}
+
+
+def _options(c):
+    return {k: getattr(c, k) for k in CHOSEN_OPTIONS}
+
+
+def test_stage_one_grid_before_any_decision(monkeypatch):
+    monkeypatch.setattr(brackets, "BEST_LR", {})
+    monkeypatch.setattr(brackets, "EXTRA_LEARNING_RATES", {})
+    runs = [cfg for grid in profile("brackets-hard") for _, cfg in grid.runs()]
+    for cfg in runs:
+        cfg.validate()
+    assert len(runs) == 6 * 3 * 3  # no stage-2 run until BEST_LR holds the decision
+    assert {(c.task, c.T, c.d_ff, c.init, c.steps, c.batch_size) for c in runs} == {
+        ("brackets", 16, 128, "gpt2", 4000, 64)}
+    assert all(_options(c) == CHOSEN_OPTIONS for c in runs)
+    assert sorted((c.mode, c.lr, c.seed) for c in runs) == sorted(
+        (m, lr, s) for m in ("softmax", "h", "J", "h+J", "h+K", "h+J+K") for lr in (1e-3, 3e-3, 1e-2) for s in range(3))
+    assert [c.seed for c in runs] == sorted(c.seed for c in runs)  # seed by seed
+    names = [name for grid in profile("brackets-hard") for name, _ in grid.runs()]
+    assert len(set(names)) == len(names) and "brackets-T16-h+J-exact-hard-lr0.003-s0" in names
+
+
+BEST = {"softmax": 3e-3, "h": 3e-3, "J": 1e-2, "h+J": 3e-3, "h+K": 1e-3, "h+J+K": 1e-3}
+
+
+def test_stage_two_grid_follows_the_design(monkeypatch):
+    monkeypatch.setattr(brackets, "BEST_LR", BEST)
+    monkeypatch.setattr(brackets, "EXTRA_LEARNING_RATES", {"J": (3e-2,)})
+    listed = [(name, cfg) for grid in profile("brackets-hard") for name, cfg in grid.runs()]
+    stage1 = listed[:6 * 3 * 3 + 3]
+    assert {(c.mode, c.lr) for _, c in stage1 if c.lr == 3e-2} == {("J", 3e-2)}
+    stage2 = listed[len(stage1):]
+    for _, c in stage2:
+        c.validate()
+        assert _options(c) == CHOSEN_OPTIONS and c.lr == BEST[c.mode] and c.d_ff in (0, 128)
+    cells = [(c.T, c.mode, c.seed, c.d_ff) for _, c in stage2]
+    assert len(cells) == len(set(cells))
+    assert set(cells) == ({(T, m, s, d) for T in (8, 12, 16) for m in BEST for s in range(5) for d in (0, 128)}
+                          | {(20, m, s, d) for m in ("softmax", "h", "J", "h+J") for s in range(5) for d in (0, 128)})
+    order = [(c.T, c.seed) for _, c in stage2]
+    assert [T for T, _ in dict.fromkeys(order)] == [16] * 5 + [12] * 5 + [8] * 5 + [20] * 5  # seed by seed, per T
+    first_seed = [(c.d_ff, c.mode) for _, c in stage2[:12]]
+    assert all(c.seed == 0 for _, c in stage2[:12]) and {d for d, _ in first_seed} == {0, 128}
+    reused = {name for name, c in stage2 if c.T == 16 and c.d_ff == 128 and c.seed < 3}
+    assert len(reused) == 18 and reused <= {name for name, _ in stage1}  # stage 1's runs at the chosen lr
+    monkeypatch.setattr(brackets, "BEST_LR", {"softmax": 3e-3})
+    partial = [c for grid in brackets.experiment_grids() for _, c in grid.runs()]
+    assert {c.mode for c in partial} == {"softmax"} and len(partial) == 4 * 5 * 2
+
+
+@pytest.mark.parametrize("scores, diverged, chosen", [
+    ({1e-3: (0.80, 0.4), 3e-3: (0.88, 0.5), 1e-2: (0.85, 0.6)}, (), 3e-3),    # the highest accuracy
+    ({1e-3: (0.80, 0.4), 3e-3: (0.884, 0.50), 1e-2: (0.888, 0.45)}, (), 3e-3),  # 0.4 points: tied, per-sequence
+    ({1e-3: (0.80, 0.4), 3e-3: (0.882, 0.60), 1e-2: (0.888, 0.45)}, (), 1e-2),  # 0.6 points: not tied
+    ({1e-3: (0.88, 0.5), 3e-3: (0.88, 0.5), 1e-2: (0.70, 0.3)}, (), 1e-3),      # tied twice: the smaller lr
+    ({1e-3: (0.80, 0.4), 3e-3: (0.85, 0.5), 1e-2: (0.90, 0.6)}, (1e-2,), 3e-3),  # a diverged lr loses
+    ({1e-2: (0.9, 0.6)}, (1e-2,), None),
+])
+def test_the_lr_rule(scores, diverged, chosen):
+    assert brackets.choose_lr(scores, diverged) == chosen
+
+
+def test_an_lr_at_the_edge_extends_the_grid(monkeypatch):
+    assert [brackets.beyond(lr, up) for lr in (1e-3, 1e-2, 3e-3) for up in (False, True)] == \
+        [3e-4, 3e-3, 3e-3, 3e-2, 1e-3, 1e-2]
+    monkeypatch.setattr(brackets, "EXTRA_LEARNING_RATES", {"J": (3e-2,)})
+    assert brackets.edge_extension("h", 1e-2) == 3e-2 and brackets.edge_extension("h", 1e-3) == 3e-4
+    assert brackets.edge_extension("h", 3e-3) is None
+    assert brackets.edge_extension("J", 1e-2) is None and brackets.edge_extension("J", 3e-2) == 1e-1
+
+
+MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
+
+
+def _plant_stage_one(root, accuracy):
+    """accuracy[mode][lr]: mean validation accuracy (seeds at -1, 0, +1 points), or (it, per-sequence accuracy);
+    per-sequence 30 points less unless given."""
+    for mode, by_lr in accuracy.items():
+        for lr, acc in by_lr.items():
+            acc, seq = acc if isinstance(acc, tuple) else (acc, acc - 0.3)
+            for seed in range(3):
+                a = acc + 0.01 * (seed - 1)
+                val = {**brackets_metrics(a), "accuracy_sequence": seq + 0.01 * (seed - 1)}
+                write_run(root, "brackets", 16, mode, seed, variant=brackets.hard_variant(lr), val=val, test=val,
+                          lr=lr, **CHOSEN_OPTIONS)
+
+
+def test_lr_section_applies_the_rule(tmp_path, monkeypatch):
+    monkeypatch.setattr(brackets, "EXTRA_LEARNING_RATES", {})
+    monkeypatch.setattr(brackets, "BEST_LR", {})
+    grid = {"softmax": {1e-3: 0.85, 3e-3: 0.88, 1e-2: 0.86}, "h": {1e-3: 0.80, 3e-3: 0.84, 1e-2: 0.87},
+            "h+J": {1e-3: 0.80, 3e-3: (0.89, 0.6), 1e-2: 0.894}}
+    _plant_stage_one(tmp_path, grid)
+    res = Results(load_runs(tmp_path))
+    assert study_of(res) is brackets
+    assert brackets.decide_learning_rates(res) == {"softmax": (3e-3, None), "h": (1e-2, 3e-2), "h+J": (3e-3, None)}
+    text = write_report(tmp_path, tmp_path / "rep").read_text()
+    assert "## Stage 1: each mode's learning rate" in text and "## Calibration" not in text
+    assert "| softmax | **0.003** | 88.00 ± 1.00 (n=3) | 58.00 ± 1.00 (n=3) | 87.00, 88.00, 89.00 |" in text
+    assert "| h+J | 0.01 | 89.40 ± 1.00 (n=3) | 59.40 ± 1.00 (n=3) |" in text  # 0.4 points ahead: tied
+    assert "| h+J | **0.003** | 89.00 ± 1.00 (n=3) | 60.00 ± 1.00 (n=3) |" in text  # ... and more whole sequences
+    assert "h: best at 0.01, the grid's edge, so the rule adds lr 0.03" in text
+    assert "Not decided yet (runs missing): J, h+K, h+J+K." in text
+    assert "Chosen: softmax 0.003, h+J 0.003 (BEST_LR in studies/brackets.py differs for softmax, h+J" in text
+    assert "## Stage 2" not in text  # BEST_LR is empty
+    assert "reproduces them" not in text and "differs from them" not in text  # no calibration archive beside
+
+
+def test_stage_one_says_whether_softmax_reproduces_the_calibration(tmp_path):
+    _plant_stage_one(tmp_path / "results", {"softmax": {3e-3: 0.88}})
+    calibration = tmp_path / "report" / "brackets-calibration"
+    setting = brackets.chosen_setting()
+    for seed, acc in ((0, 0.87), (1, 0.88), (2, 0.8925)):  # seed 2 differs by 0.25 points
+        m = brackets_metrics(acc)
+        write_run(calibration, "brackets", 16, "softmax", seed, variant=setting.variant, val=m, test=m, lr=3e-3,
+                  **setting.overrides)
+    write_archive(load_runs(calibration), calibration)
+    text = write_report(tmp_path / "results", tmp_path / "report" / "brackets-hard").read_text()
+    assert "its validation accuracy (seeds 0, 1, 2) differs from them by up to 0.25 points" in text
+
+
+def _stage_two_accuracy(mode, seed, ffn):
+    base = {"softmax": 0.88, "h": 0.87, "J": 0.80, "h+J": 0.90, "h+K": 0.875, "h+J+K": 0.905}[mode]
+    noffn = 0.0 if ffn else (-0.03 if mode == "h+J" else -0.05)  # without the FFN h+J's gap widens by 2 points
+    return base + noffn + 0.01 * (seed - 2) + (0.01 * (-1) ** seed if mode == "h" else 0.0)
+
+
+def _plant_stage_two(root, Ts=(8, 16)):
+    for T in Ts:
+        for ffn in (True, False):
+            for mode in MODES:
+                for seed in range(5):
+                    a = _stage_two_accuracy(mode, seed, ffn)
+                    test = {**brackets_metrics(a), "accuracy_sequence": a - 0.3}
+                    J = [[[0.1 * (abs(j - k) == 1) for k in range(T)] for j in range(T)]] if "J" in mode else None
+                    write_run(root, "brackets", T, mode, seed, variant=brackets.hard_variant(BEST[mode], ffn),
+                              val=test, test=test, couplings=J, lr=BEST[mode], d_ff=128 if ffn else 0,
+                              **CHOSEN_OPTIONS)
+
+
+def _row(text, heading, start):
+    section = text.split(heading, 1)[1].split("\n### ", 1)[0]
+    return next(line for line in section.splitlines() if line.startswith(start)).split("|")[1:-1]
+
+
+def test_stage_two_report_on_planted_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(brackets, "BEST_LR", BEST)
+    monkeypatch.setattr(brackets, "EXTRA_LEARNING_RATES", {})
+    results = tmp_path / "results"
+    _plant_stage_two(results)
+    easy = tmp_path / "report" / "full"  # the old generator's runs, as report/full holds them
+    for seed in range(3):
+        for mode, acc in (("softmax", 0.99), ("h+J", 0.985)):
+            write_run(easy, "brackets", 16, mode, seed, val=brackets_metrics(acc),
+                      test=brackets_metrics(acc + 0.001 * seed), init="torch")
+    write_archive(load_runs(easy), easy)
+    text = write_report(results, tmp_path / "report" / "brackets-hard").read_text()
+    row = [c.strip() for c in _row(text, "### With the FFN", "| 16 | h+J |")]
+    assert row[:5] == ["16", "h+J", "0.003", "90.00 ± 1.58 (n=5)", "60.00 ± 1.58 (n=5)"]
+    assert row[5] == row[6] == "+2.00 [+2.00, +2.00]**"          # against softmax, both metrics
+    # against h: 3 points less h's +-1 per seed (+1, -1, +1, -1, +1): mean 2.8, std 1.095, t(4) 2.776 x 1.095 / √5
+    assert row[7] == "+2.80 [+1.44, +4.16]**"  # p = 0.005, after 14 exact differences of the family: Holm keeps it
+    h = [c.strip() for c in _row(text, "### With the FFN", "| 16 | h |")]
+    assert h[5].startswith("-0.80 [") and h[7] == ""               # h: within its spread; no ablation
+    k = [c.strip() for c in _row(text, "### Without the FFN", "| 8 | h+J+K |")]
+    assert k[3] == "85.50 ± 1.58 (n=5)" and k[7] == "-1.50 [-1.50, -1.50]**"  # against h+J without the FFN
+    assert "| 16 | softmax | 0.003 | 88.00 ± 1.58 (n=5) | 58.00 ± 1.58 (n=5) |  |  |  |  |" in text
+    claims = text.split("## The paper's bracket claims", 1)[1]
+    order = claims.split("### Brackets at T=16", 1)[1].split("Summary:", 1)[1]
+    assert order.startswith(" agrees: 3 of 3 comparisons agree, 2 of them backed")  # softmax − h within noise
+    assert "### Brackets at T=8: h+J > softmax > h > J" in claims and "not reported at this T" in claims
+    gap = claims.split("### Without the FFN", 1)[1]
+    assert "gap(noffn) − gap(base) = +2.00 ± 0.00 pts" in gap
+    three = claims.split("### Three-body", 1)[1].split("Summary:", 1)[0]
+    assert "brackets T=16: h+J+K vs h+J" in three and "brackets T=8" not in three  # the paper's claim: T >= 12
+    easy_row = [c.strip() for c in _row(text, "## The easy setting", "| easy (report/full) | yes | 16 |")]
+    assert easy_row[3] == "99.10 ± 0.10 (n=3)" and easy_row[6] == "98.60 ± 0.10 (n=3)" and easy_row[-1] == \
+        "-0.50 [-0.50, -0.50]**"
+    chosen = f"| {brackets.CHOSEN} (this study) | yes | 16 |"
+    chosen_row = [c.strip() for c in _row(text, "## The easy setting", chosen)]
+    assert chosen_row[3] == "88.00 ± 1.58 (n=5)" and chosen_row[-1] == "+2.00 [+2.00, +2.00]**"
+    assert "| Brackets at T=16: h+J > softmax > h > J (test accuracy) | does not agree" in text
+
+
+def test_holm_within_families_of_columns():
+    """One p = 0.020 against three more: over the table (4 comparisons, first threshold 0.0125) none survives
+    the Holm correction; as its own family it does, while the other three (threshold 0.0167) still do not."""
+    import numpy as np
+    from scipy.stats import ttest_1samp
+
+    from boltzmann_attention.experiments.stats import paired
+    from boltzmann_attention.experiments.tables import table_with_holm
+
+    d = [1.0, 2.0, 3.0, 0.5, 1.5]
+    assert 0.0167 < ttest_1samp(d, 0).pvalue < 0.025
+    cells = [["row"] + [paired(dict(enumerate(np.zeros(5))), dict(enumerate(d)), lambda a, b: b - a)
+                        for _ in range(4)]]
+
+    def marks(table):
+        return [c.strip().rsplit("]", 1)[1] for c in table.splitlines()[2].split("|")[2:-1]]
+
+    assert marks(table_with_holm(list("abcde"), cells)) == ["*"] * 4
+    assert marks(table_with_holm(list("abcde"), cells, {1: "A", 2: "B", 3: "B", 4: "B"})) == ["**", "*", "*", "*"]

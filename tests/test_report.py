@@ -602,7 +602,7 @@ def test_the_study_registry():
     from boltzmann_attention.experiments.results import Results, _load_run
 
     assert studies.PROFILES == ("quick", "full", "fair", "sampling", "dqa-boltzmann", "baselines",
-                               "brackets-calibration")
+                               "brackets-calibration", "brackets-hard")
     for study in studies.STUDIES:
         assert callable(study.owns) and callable(study.report) and study.PROFILES
         for name, grids in study.PROFILES.items():

@@ -88,11 +88,18 @@ def fmt_interval(c: Paired, digits: int = 2, holm_survives: bool = False) -> str
     return f"{c.mean:+.{digits}f} [{c.low:+.{digits}f}, {c.high:+.{digits}f}]{significance_mark(c, holm_survives)}"
 
 
-def table_with_holm(header: list[str], cells: list[list]) -> str:
+def table_with_holm(header: list[str], cells: list[list], families: dict[int, str] | None = None) -> str:
     """A Markdown table whose :class:`Paired` cells are shown as intervals, marked with the Holm correction
-    over all the comparisons of the table; None cells are blank."""
-    found = [c for row in cells for c in row if isinstance(c, Paired)]
-    survives = dict(zip(map(id, found), holm([c.p for c in found])))
+    over all the comparisons of the table, or with ``families`` (column index -> family name, e.g. one per
+    metric) over those of each family's columns; None cells are blank."""
+    by_family: dict[str, list[Paired]] = {}
+    for row in cells:
+        for j, c in enumerate(row):
+            if isinstance(c, Paired):
+                by_family.setdefault((families or {}).get(j, ""), []).append(c)
+    survives = {}
+    for found in by_family.values():
+        survives.update(zip(map(id, found), holm([c.p for c in found])))
     rows = [[fmt_interval(c, holm_survives=survives[id(c)]) if isinstance(c, Paired) else (c or "") for c in row]
             for row in cells]
     return md_table(header, rows)

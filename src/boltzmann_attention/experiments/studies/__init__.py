@@ -7,7 +7,7 @@
     baselines.py strong baselines: nanoGPT's init, per-mode learning rates, training length, the nanoGPT
                  check (profile baselines)
     brackets.py  bracket matching with headroom: the difficulty calibrated on softmax (profile
-                 brackets-calibration)
+                 brackets-calibration), and the mechanisms on the chosen setting (profile brackets-hard)
 
 A study module provides ``PROFILES`` ({profile name: grids(field_bias) -> list of Grid}), ``owns(results)``
 (whether a results folder is this study's) and ``report(results, results_dir, out) -> Markdown lines``.

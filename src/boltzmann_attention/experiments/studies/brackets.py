@@ -1,5 +1,6 @@
-"""Bracket matching with headroom (issue 16): a bracket task hard enough to rank the mechanisms. Profile
-``brackets-calibration`` and its report.
+"""Bracket matching with headroom (issue 16): a bracket task hard enough to rank the mechanisms. Profiles
+``brackets-calibration`` (the difficulty, calibrated on softmax) and ``brackets-hard`` (the mechanisms on the
+chosen setting), and their report.
 
 On the old generator every mode but J-only reaches 98.9-100% test accuracy at every T <= 16 (softmax 99.46%
 at T = 16, the paper's 93.08%), and uniform attention 99.97% at T = 12, so the bracket claims cannot be
@@ -32,31 +33,79 @@ added, before any of their runs: 400, 350 and 300 training sequences (the third 
 makes it hard is generalising from few sequences, not the structure of the words, and softmax's seeds spread
 over 85.6-92.2% there: the experiments' 5 paired seeds are needed.
 
-TODO (the experiments on the chosen setting): a profile ``brackets`` on CHOSEN below, with T = 8, 12 and 16
-(and 20 where the exact method's speed allows), modes softmax, h, J, h+J, h+K and h+J+K, with the FFN and
-without it (``d_ff = 0``), 5 seeds; each mode at its strong-baselines lr (softmax, h, h+J 3e-3; J 1e-2; h+K
-and h+J+K 3e-3 unless a check says otherwise); the report: test accuracy over closing brackets and the
-per-sequence accuracy (``accuracy_sequence``) beside it, every mode against softmax and h+J against h paired
-over seeds with 95% intervals and the Holm marks as in the fair study, the paper's bracket claims one by
-one, and the easy setting (the old generator) as a row. The chosen setting keeps its 300 training sequences
-at every T (seed 0's validation sequences found in them before de-duplication: 1.6% at T = 8, 0.15% at
-T = 12, none at 16 and 20); at T = 8 de-duplication then drops mostly the p = 3 words, of which there are few.
+Experiments on the chosen setting (profile ``brackets-hard``): modes softmax, h, J, h+J, h+K and h+J+K on
+CHOSEN, with the FFN and without it (``d_ff = 0``), 4000 steps at batch 64, init gpt2, fused AdamW and every
+other setting as in the calibration; seeds paired across modes (a seed fixes the initialisation, the data
+sets and the data order of every mode). The chosen setting keeps its 300 training sequences at every T (seed
+0's validation sequences found in them before de-duplication: 1.6% at T = 8, 0.15% at T = 12, none at 16 and
+20). Two stages, each decided by a rule written here before any of its runs:
+
+1. Each mode's learning rate: every lr of `LEARNING_RATES` (1e-3, 3e-3, 1e-2) at T = 16 with the FFN, seeds
+   0, 1, 2. Rule: per mode, the lr with the highest mean *validation* accuracy over closing brackets (over
+   the 3 seeds); lrs within `NEAR_TIE` (0.5 points) of the best count as tied, and of these the one with the
+   highest mean validation per-sequence accuracy wins (then the smaller lr). Half a point is about 1.6
+   binomial standard errors of one validation set's accuracy (10 978 closing brackets at T = 16, seed 0;
+   0.30 points at 89%), below which two lrs are not told apart by the set itself. The validation loss is not
+   the tie-break: at 300 training sequences it measures overconfidence more than matching (softmax's
+   calibration runs: validation loss rising from 0.88 to 1.37 while its accuracy rose from 80.6 to 85.8%).
+   A best lr at the grid's edge (its smallest or largest, counting lrs already added) adds the next lr
+   beyond it, half a decade on (3e-4 below, 3e-2 above), in `EXTRA_LEARNING_RATES`, until the best is
+   inside; a mode that diverges at an lr (the sweep names the failed run; the lr goes into `DIVERGED`)
+   loses at that lr. The decision goes into `BEST_LR`, with the measurement in the report; the test set
+   plays no part in it. The lr chosen at T = 16 with the FFN is used at every T and without the FFN (an lr
+   grid per T and FFN setting would cost several times this stage). Should softmax's best lr not be the
+   calibration's 3e-3, its accuracy on CHOSEN may leave the calibration's band; the setting stays (choosing
+   it again on these runs would choose on the experiments themselves). Softmax at 3e-3, seeds 0-2, has the
+   calibration's config: the report says whether it reproduces the calibration's runs.
+2. The grid: T = 16, 12 and 8 (in that order: the paper's T first), with and without the FFN, the six modes,
+   seeds 0-4, each mode at its `BEST_LR`; then T = 20 for softmax, h, J and h+J (below). Runs go seed by
+   seed within a T (both FFN settings of a seed before the next seed), so that paired comparisons complete
+   early; at T = 16 with the FFN, seeds 0-2 at the chosen lr are stage 1's runs (the same names). No run of
+   this stage is listed until its mode's lr is in `BEST_LR`.
+
+The report: stage 1's table with the rule applied; per FFN setting, per T, each mode's test accuracy over
+closing brackets and its per-sequence accuracy (every closing bracket of the sequence right), the difference
+to softmax and to the mode without the coupling (h+J and h+K against h, h+J+K against h+J), paired over seeds
+with 95% intervals and Holm marks; the paper's bracket claims one by one on this setting (``paper.py``'s claim
+functions on the runs relabelled as variants ``base`` and ``noffn``); and the easy setting, the old generator
+(``report/full``'s runs, init torch, every mode at lr 3e-3, 3 seeds), beside it.
+
+Cost, from step times measured with 20-40 steps per mode at 11:30-11:33 UTC on 2026-12-01 (one thread, on
+the 2-core machine while two other training processes used both cores; mean of 2-5 measurements, with and
+without the FFN pooled since they differed by less than the noise; softmax at T = 16: 12.2 ms against 11.2 ms,
+the median of the calibration's 42 runs), in ms per step:
+
+    T     softmax     h      J    h+J    h+K  h+J+K   one seed, one FFN setting (4000 steps)
+    8        7.8    7.8    8.9   14.1   17.7   18.7   300 s
+    12      11.2   10.8   12.7   18.7   26.7   28.2   433 s
+    16      12.2   12.0   18.2   31.0   46.0   52.2   686 s
+    20      14.7   14.9   49.2   94.6  175.6  166.5   2062 s (softmax, h, J, h+J: 694 s)
+
+The six evaluations of a run (0.1-1 s each) add under 2%. Stage 1: 9 x 686 s = 1.7 h of one core; each lr
+added at the edge: 3 runs of one mode, up to 10 min. Stage 2 at T = 8-16: 10 x (300 + 433 + 686) s less
+stage 1's 3 x 686 s = 3.4 h. T = 20: its budget, fixed here, is 2 h of one core; softmax, h, J and h+J with
+5 seeds and both FFN settings take 10 x 694 s = 1.9 h and fit, h+K and h+J+K would add 3.8 h (exact's
+enumeration with three-body couplings at 20 spins) and do not, so T = 20 has the paper's four modes and no
+three-body modes (their claim is at T >= 12, tested at 12 and 16); cutting seeds instead (3 seeds of all six:
+3.4 h) would weaken every pair. Total: about 7.0 h of one core, 3.5 h with ``--jobs 2`` on an otherwise idle
+machine; T = 20 runs last and can be stopped without losing anything before it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
 from ..data import CLOSE, BracketData, depths
 from ..plots import figure, finish
 from ..report import header_section
-from ..results import Group, Results
-from ..stats import stat
-from ..sweep import Grid
-from ..tables import fmt_num, md_table
+from ..results import Group, Results, load_runs
+from ..stats import paired, points, stat
+from ..sweep import Grid, with_field_bias
+from ..tables import fmt_num, md_table, table_with_holm
 
 PREFIX = "cal-"  # the variants of the calibration runs
 CALIBRATION_T = 16
@@ -117,20 +166,99 @@ def calibration_grids(field_bias: str) -> list[Grid]:
             for s in SETTINGS for seed in CALIBRATION_SEEDS]
 
 
-PROFILES = {"brackets-calibration": calibration_grids}
+# ------------------------------------------------------------------------- the experiments (brackets-hard)
+
+HARD_PREFIX = "hard-"  # the variants of the experiments on CHOSEN: hard-[noffn-]lr<lr>
+MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
+LR_T = 16
+LR_SEEDS = (0, 1, 2)
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)
+NEAR_TIE = 0.005  # stage 1's rule: validation accuracies this close to the best count as tied
+SEEDS = (0, 1, 2, 3, 4)
+GRID_TS = (16, 12, 8)  # in the order they run
+LONG_T = 20
+LONG_MODES = ("softmax", "h", "J", "h+J")  # what T = 20's budget affords (see the docstring)
+FFN_SETTINGS = (True, False)  # with the FFN (d_ff 128), without it (d_ff 0)
+# ABLATION[mode]: the same mode without its last coupling, the comparison that says what that coupling adds.
+ABLATION = {"h+J": "h", "h+K": "h", "h+J+K": "h+J"}
+
+# The decisions of stage 1 (see the report for the measurement behind each); empty until the rule is applied.
+EXTRA_LEARNING_RATES: dict[str, tuple[float, ...]] = {}  # mode -> lrs added beyond the grid's edge
+DIVERGED: dict[str, tuple[float, ...]] = {}              # mode -> lrs at which a stage-1 run diverged
+BEST_LR: dict[str, float] = {}                           # mode -> lr
+
+
+def chosen_setting() -> Setting:
+    return next(s for s in SETTINGS if s.name == CHOSEN)
+
+
+def hard_variant(lr: float, ffn: bool = True) -> str:
+    """``hard-lr<lr>`` with the FFN, ``hard-noffn-lr<lr>`` without it."""
+    return f"{HARD_PREFIX}{'' if ffn else 'noffn-'}lr{lr:g}"
+
+
+def _hard_grid(T: int, mode: str, seed: int, lr: float, ffn: bool = True) -> Grid:
+    overrides = {"lr": lr, **chosen_setting().overrides, **({} if ffn else {"d_ff": 0})}
+    return Grid(("brackets",), (T,), modes=(mode,), seeds=(seed,), variant=hard_variant(lr, ffn),
+                overrides=overrides)
+
+
+def mode_learning_rates(mode: str) -> tuple[float, ...]:
+    """Stage 1's lrs for ``mode``: the grid and those added beyond its edge, in increasing order."""
+    return tuple(sorted(set(LEARNING_RATES) | set(EXTRA_LEARNING_RATES.get(mode, ()))))
+
+
+def learning_rate_grids() -> list[Grid]:
+    """Stage 1, seed by seed: every mode at every lr at T = 16 with the FFN."""
+    grids = [_hard_grid(LR_T, mode, seed, lr) for seed in LR_SEEDS for lr in LEARNING_RATES for mode in MODES]
+    return grids + [_hard_grid(LR_T, mode, seed, lr) for seed in LR_SEEDS for mode in MODES
+                    for lr in EXTRA_LEARNING_RATES.get(mode, ())]
+
+
+def experiment_grids() -> list[Grid]:
+    """Stage 2, seed by seed within each T (both FFN settings of a seed before the next), only the modes
+    whose lr is decided (in BEST_LR)."""
+    grids = [_hard_grid(T, mode, seed, BEST_LR[mode], ffn) for T in GRID_TS for seed in SEEDS
+             for ffn in FFN_SETTINGS for mode in MODES if mode in BEST_LR]
+    return grids + [_hard_grid(LONG_T, mode, seed, BEST_LR[mode], ffn) for seed in SEEDS for ffn in FFN_SETTINGS
+                    for mode in LONG_MODES if mode in BEST_LR]
+
+
+def hard_grids(field_bias: str) -> list[Grid]:
+    """Both stages (see the docstring); ``field_bias`` sets the Boltzmann modes' field bias."""
+    return with_field_bias(learning_rate_grids() + experiment_grids(), field_bias)
+
+
+PROFILES = {"brackets-calibration": calibration_grids, "brackets-hard": hard_grids}
 
 
 # ---------------------------------------------------------------------------------------------------- report
 
+def _calibration_run(variant: str) -> bool:
+    return variant in BY_VARIANT
+
+
+def _hard_run(variant: str) -> bool:
+    return variant.startswith(HARD_PREFIX)
+
+
 def owns(res: Results) -> bool:
-    """True when every run is of this study's variants."""
-    return bool(res.all_runs) and all(r.variant in BY_VARIANT for r in res.all_runs)
+    """True when every run is of this study's variants (the calibration's or the experiments')."""
+    return bool(res.all_runs) and all(_calibration_run(r.variant) or _hard_run(r.variant) for r in res.all_runs)
+
+
+_CALIBRATION_DOC, _HARD_DOC = __doc__.split("\n\n", 1)[1].split("\n\nExperiments on the chosen setting", 1)
+_HARD_DOC = "Experiments on the chosen setting" + _HARD_DOC
 
 
 def report(res: Results, results_dir: Path, out: Path) -> list[str]:
+    """The calibration (when its runs are there), then the experiments on the chosen setting (likewise)."""
     lines = header_section(res, results_dir)
-    lines += [__doc__.split("\n\n", 1)[1].split("\n\nTODO", 1)[0].strip(), ""]
-    return lines + calibration_section(res, out)
+    if any(_calibration_run(r.variant) for r in res.all_runs):
+        lines += [_CALIBRATION_DOC.strip(), ""] + calibration_section(res, out)
+    if any(_hard_run(r.variant) for r in res.all_runs):
+        lines += [_HARD_DOC.strip(), ""] + hard_sections(res, out)
+    return lines
 
 
 @cache
@@ -232,3 +360,248 @@ def _plot_curve(curve: list, path: Path) -> None:
     ax.set_xticks([p[0] for p in curve], [p[1] for p in curve], rotation=20, fontsize=7)
     finish(fig, ax, "setting (a priori from easy to hard)", "softmax test accuracy (%)",
            f"Brackets T = {CALIBRATION_T}, softmax with the FFN: accuracy against the difficulty", path)
+
+
+# ---------------------------------------------------------------------- report of the experiments (stage 1)
+
+def beyond(lr: float, up: bool) -> float:
+    """The next lr half a decade beyond ``lr`` on the grid 1, 3, 10, 30, ... x 10^k (3e-2 above 1e-2, 3e-4
+    below 1e-3)."""
+    k = round(2 * math.log10(lr)) + (1 if up else -1)
+    exponent, odd = divmod(k, 2)
+    return float(f"{3 if odd else 1}e{exponent}")
+
+
+def choose_lr(scores: dict[float, tuple[float, float]], diverged: tuple[float, ...] = ()) -> float | None:
+    """Stage 1's rule. ``scores``: lr -> (mean validation accuracy, mean validation per-sequence accuracy);
+    an lr in ``diverged`` loses. The highest accuracy wins, lrs within NEAR_TIE of it count as tied and the
+    highest per-sequence accuracy among them wins, then the smaller lr. None when no lr is left."""
+    left = {lr: v for lr, v in scores.items() if lr not in diverged}
+    if not left:
+        return None
+    best = max(acc for acc, _ in left.values())
+    tied = [lr for lr, (acc, _) in left.items() if acc >= best - NEAR_TIE - 1e-12]
+    return max(tied, key=lambda lr: (left[lr][1], -lr))
+
+
+def edge_extension(mode: str, lr: float) -> float | None:
+    """The lr to add for ``mode`` when its best, ``lr``, is at the edge of its grid (else None)."""
+    lrs = mode_learning_rates(mode)
+    if len(lrs) > 1 and lr == lrs[0]:
+        return beyond(lr, up=False)
+    if len(lrs) > 1 and lr == lrs[-1]:
+        return beyond(lr, up=True)
+    return None
+
+
+def _lr_values(res: Results, mode: str, lr: float, metric: str) -> dict[int, float]:
+    g = res.get("brackets", hard_variant(lr), LR_T, mode, "exact")
+    return {s: v for s, v in (g.values(metric, "val") if g else {}).items() if s in LR_SEEDS}
+
+
+def decide_learning_rates(res: Results) -> dict[str, tuple[float | None, float | None]]:
+    """Per mode whose stage-1 runs are complete: (the rule's lr, the lr to add beyond the grid's edge or
+    None). A mode with a missing run (not counting those in DIVERGED) is left out."""
+    out = {}
+    for mode in MODES:
+        scores, complete = {}, True
+        for lr in mode_learning_rates(mode):
+            if lr in DIVERGED.get(mode, ()):
+                continue
+            acc, seq = _lr_values(res, mode, lr, "accuracy"), _lr_values(res, mode, lr, "accuracy_sequence")
+            if len(acc) < len(LR_SEEDS):
+                complete = False
+                break
+            scores[lr] = (statistics.mean(acc.values()), statistics.mean(seq.values()) if seq else math.nan)
+        if complete:
+            chosen = choose_lr(scores)
+            out[mode] = (chosen, edge_extension(mode, chosen) if chosen is not None else None)
+    return out
+
+
+def learning_rate_section(res: Results, out: Path) -> list[str]:
+    decided = decide_learning_rates(res)
+    rows = []
+    for mode in MODES:
+        for lr in mode_learning_rates(mode):
+            acc, seq = _lr_values(res, mode, lr, "accuracy"), _lr_values(res, mode, lr, "accuracy_sequence")
+            diverged = lr in DIVERGED.get(mode, ())
+            if not acc and not diverged:
+                continue
+            bold = decided.get(mode, (None,))[0] == lr
+            rows.append([mode, f"**{lr:g}**" if bold else f"{lr:g}",
+                         "diverged" if diverged else _percent(stat(acc.values())), _percent(stat(seq.values())),
+                         ", ".join(f"{100 * acc[k]:.2f}" for k in sorted(acc))])
+    if not rows:
+        return []
+    lines = ["## Stage 1: each mode's learning rate", "",
+             f"T = {LR_T} with the FFN, validation set, mean ± std over seeds {', '.join(map(str, LR_SEEDS))}: "
+             "accuracy over closing brackets and per sequence. Rule (fixed before the runs): the highest mean "
+             f"accuracy; lrs within {100 * NEAR_TIE:g} points of it count as tied, and the highest mean "
+             "per-sequence accuracy among them wins (then the smaller lr); a best lr at the grid's edge adds "
+             "the next lr beyond it. Bold: the rule's choice.", "",
+             md_table(["mode", "lr", "validation accuracy (%)", "validation per-sequence (%)", "per seed (%)"],
+                      rows), ""]
+    missing = [m for m in MODES if m not in decided]
+    notes = [f"Not decided yet (runs missing): {', '.join(missing)}."] if missing else []
+    for mode in decided:
+        chosen, extra = decided[mode]
+        if chosen is None:
+            notes.append(f"{mode}: every lr diverged.")
+        elif extra is not None:
+            notes.append(f"{mode}: best at {chosen:g}, the grid's edge, so the rule adds lr {extra:g} "
+                         "(EXTRA_LEARNING_RATES; not run yet).")
+    best = {m: lr for m, (lr, extra) in decided.items() if lr is not None and extra is None}
+    if best:
+        differs = {m: lr for m, lr in best.items() if BEST_LR.get(m) != lr}
+        notes.append("Chosen: " + ", ".join(f"{m} {lr:g}" for m, lr in best.items())
+                     + (f" (BEST_LR in studies/brackets.py differs for {', '.join(differs)}: update it)"
+                        if differs else "") + ".")
+    return lines + [" ".join(notes), ""] + _reproduction_lines(res, out)
+
+
+CALIBRATION_ARCHIVE = Path("brackets-calibration") / "runs.jsonl.gz"  # beside this report's folder
+
+
+def _reproduction_lines(res: Results, out: Path) -> list[str]:
+    """Whether stage 1's softmax at the calibration's lr reproduces the calibration's runs of CHOSEN (the same
+    config), from the calibration's archive beside this report when it is there."""
+    path = out.parent / CALIBRATION_ARCHIVE
+    mine = _lr_values(res, "softmax", CALIBRATION_LR, "accuracy")
+    if not mine or not path.exists():
+        return []
+    before = {r.seed: r.metrics["val"]["accuracy"] for r in load_runs(path)
+              if r.variant == chosen_setting().variant and r.mode == "softmax" and r.seed in mine}
+    if not before:
+        return []
+    gap = max(abs(mine[s] - before[s]) for s in before)
+    seeds = ", ".join(map(str, sorted(before)))
+    what = "reproduces them exactly" if gap == 0 else f"differs from them by up to {100 * gap:.2f} points"
+    return [f"Softmax at lr {CALIBRATION_LR:g} has the calibration's config on {CHOSEN}: its validation accuracy "
+            f"(seeds {seeds}) {what} (`report/{CALIBRATION_ARCHIVE.parent}`).", ""]
+
+
+# ---------------------------------------------------------------------- report of the experiments (stage 2)
+
+FFN_VARIANT = {True: "base", False: "noffn"}  # the relabelled views' variant names (those paper.py reads)
+
+
+def grid_view(res: Results) -> Results:
+    """Stage 2's runs (each mode at its BEST_LR) relabelled as variant ``base`` (with the FFN) and ``noffn``
+    (without), so that the paper's bracket claims read them."""
+    runs = []
+    for r in res.runs:
+        for ffn in FFN_SETTINGS:
+            if r.task == "brackets" and r.mode in BEST_LR and r.variant == hard_variant(BEST_LR[r.mode], ffn):
+                runs.append(replace(r, variant=FFN_VARIANT[ffn]))
+    return Results(runs)
+
+
+def _test_values(res: Results, variant: str, T: int, mode: str | None, metric: str) -> dict[int, float]:
+    g = res.get("brackets", variant, T, mode, "exact") if mode else None
+    return g.values(metric, "test") if g else {}
+
+
+METRICS = (("accuracy", "test accuracy (%)"), ("accuracy_sequence", "per-sequence (%)"))
+
+
+def results_section(view: Results) -> list[str]:
+    """Per FFN setting: per T and mode, both test accuracies, and their differences to softmax and to the mode
+    without its last coupling, paired over seeds."""
+    lines = []
+    for ffn in FFN_SETTINGS:
+        variant = FFN_VARIANT[ffn]
+        cells = []
+        for T in view.Ts("brackets", variant):
+            soft = {k: _test_values(view, variant, T, "softmax", k) for k, _ in METRICS}
+            for mode in MODES:
+                mine = {k: _test_values(view, variant, T, mode, k) for k, _ in METRICS}
+                if not mine["accuracy"]:
+                    continue
+                ablation = {k: _test_values(view, variant, T, ABLATION.get(mode), k) for k, _ in METRICS}
+                cells.append([str(T), mode, f"{BEST_LR[mode]:g}"]
+                             + [_percent(stat(mine[k].values())) for k, _ in METRICS]
+                             + [paired(soft[k], mine[k], points) if mode != "softmax" else None for k, _ in METRICS]
+                             + [paired(ablation[k], mine[k], points) for k, _ in METRICS])
+        if cells:
+            lines += [f"### {'With' if ffn else 'Without'} the FFN", "",
+                      table_with_holm(["T", "mode", "lr", *(t for _, t in METRICS), "vs softmax, Δ pts",
+                                       "per-sequence vs softmax, Δ pts", "vs the mode without its coupling, Δ pts",
+                                       "per-sequence vs it, Δ pts"], cells,
+                                      {5: "accuracy", 7: "accuracy", 6: "sequence", 8: "sequence"}), ""]
+    if not lines:
+        return []
+    return ["## Stage 2: the mechanisms on the chosen setting", "",
+            "Test set, mean ± std over seeds (n seeds): accuracy over closing brackets, and per sequence (every "
+            "closing bracket of the sequence right). Differences in points, paired over seeds, mean [95% "
+            "interval], positive = the mode is better; the mode without its coupling is h for h+J and h+K (what "
+            "J, or K, adds to sigmoid attention) and h+J for h+J+K (what K adds to J). `*` p < 0.05 (paired "
+            "t-test), `**` also after a Holm correction over the table's comparisons of the same metric.", "",
+            *lines]
+
+
+def _claims(view: Results) -> list:
+    from .paper import claim_brackets_order, claim_j_structure, claim_noffn_gap, claim_three_body
+
+    others = [claim_brackets_order(view, T) for T in view.Ts("brackets", "base") if T != LR_T]
+    for c in others:  # the paper gives numbers at T = 16 only
+        c.paper = f"not reported at this T; the same order as the paper's at T = {LR_T}"
+    return ([claim_brackets_order(view, LR_T)] + others
+            + [claim_noffn_gap(view), claim_three_body(view), claim_j_structure(view)])
+
+
+def claims_section(view: Results) -> list[str]:
+    from .baselines import _demoted
+    from .paper import agreement_section
+
+    if not view.runs:
+        return []
+    return ["## The paper's bracket claims on the chosen setting", "",
+            f"Read by `paper.py`'s claim functions from this study's runs relabelled: variant `base` with the FFN, "
+            "`noffn` without it, each mode at its stage-1 lr. The order h+J > softmax > h > J is the paper's at "
+            f"T = {LR_T}; at the other T it is checked the same way, beyond what the paper reports.", "",
+            *_demoted(agreement_section(view, _claims(view)))]
+
+
+EASY = Path("full") / "runs.jsonl.gz"  # the old generator's runs, beside this report's folder
+
+
+def easy_section(view: Results, out: Path) -> list[str]:
+    """The easy setting (report/full: the old generator) beside the chosen one, per FFN setting and T that
+    both have, and the paper's claims on each."""
+    from .paper import BRACKET_CLAIMS, claim_j_structure
+
+    path = out.parent / EASY
+    if not view.runs:
+        return []
+    if not path.exists():
+        return ["## The easy setting", "", f"The old generator's runs (`report/{EASY}`) are not beside this "
+                "report, so its row is left out; see `report/full/README.md` (brackets: 98.9-100% for every mode "
+                "but J at T <= 16).", ""]
+    easy = Results([r for r in load_runs(path) if r.task == "brackets" and r.variant in FFN_VARIANT.values()])
+    cells = []
+    for ffn in FFN_SETTINGS:
+        variant = FFN_VARIANT[ffn]
+        for T in sorted(set(easy.Ts("brackets", variant)) & set(view.Ts("brackets", variant))):
+            for name, res in ((f"easy (report/{EASY.parent})", easy), (f"{CHOSEN} (this study)", view)):
+                acc = {m: _test_values(res, variant, T, m, "accuracy") for m in MODES}
+                cells.append([name, "yes" if ffn else "no", str(T)] + [_percent(stat(acc[m].values())) for m in MODES]
+                             + [paired(acc["softmax"], acc["h+J"], points)])
+    if not cells:
+        return []
+    then = [c(easy) for c in BRACKET_CLAIMS] + [claim_j_structure(easy)]
+    now = [c(view) for c in BRACKET_CLAIMS] + [claim_j_structure(view)]
+    return ["## The easy setting beside the chosen one", "",
+            f"Easy: the old generator (every bracket option at its default), `report/{EASY.parent}`'s runs: init "
+            "torch, lr 3e-3 for every mode, 3 seeds (no per-sequence accuracy was recorded then). Chosen: this "
+            "study's stage 2. Test accuracy over closing brackets (%), mean ± std (n seeds); h+J − softmax in "
+            "points, paired over seeds, with Holm marks over the table.", "",
+            table_with_holm(["setting", "FFN", "T", *MODES, "h+J − softmax, Δ pts"], cells), "",
+            "The paper's bracket claims on each (the T = 16 order, the FFN ablation, three-body couplings, the "
+            "learned J):", "", md_table(["claim", "easy", CHOSEN],
+                                        [[b.title, a.summary, b.summary] for a, b in zip(then, now)]), ""]
+
+
+def hard_sections(res: Results, out: Path) -> list[str]:
+    view = grid_view(res)
+    return learning_rate_section(res, out) + results_section(view) + claims_section(view) + easy_section(view, out)
