@@ -95,9 +95,9 @@ class _Settings(MeanFieldSettings):
     block: int
 
 
-def _settings(tap, damping, tol, max_iter, on_fail, block) -> _Settings:
+def _settings(tap, damping, tol, max_iter, on_fail, block, h=None) -> _Settings:
     """The dense solver's checks (meanfield._settings), plus the block size."""
-    base = meanfield_settings(tap, damping, tol, max_iter, on_fail, None)
+    base = meanfield_settings(tap, damping, tol, max_iter, on_fail, None, h)
     return _Settings(base.tap, base.damping, base.tol, base.max_iter, base.on_fail, check_int("block", block, 1))
 
 
@@ -251,7 +251,7 @@ def solve(h: Tensor, couplings: Toeplitz, mask: Tensor | None = None, *, tap: bo
     profile = profile[..., :max(n - 1, 1)]  # distances >= n do not occur
     w = profile.shape[-1]
     P = max(min(block, n), w)  # blocks of P spins, P >= w so that a block only couples to its neighbours
-    s = _settings(tap, damping, tol, max_iter, on_fail, P)
+    s = _settings(tap, damping, tol, max_iter, on_fail, P, h)
     g = group_queries(h, profile[..., None], None, mask)  # the profile as a (..., w, 1) "J": grouped like J
     N = -(-n // P) * P  # padded with absent spins
     gh = F.pad(g.h, (0, N - n))
