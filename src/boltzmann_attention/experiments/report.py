@@ -245,6 +245,28 @@ def _variant_tables(res: Results, out: Path, task: str, table: Callable, noun: s
     return lines
 
 
+# ------------------------------------------------------------------------------ sections inside other reports
+
+FULL_ARCHIVE = Path("full") / "runs.jsonl.gz"  # the full study's runs (the first recipe, the old generator)
+
+
+def full_study_runs(out: Path, keep: Callable[[Run], bool]) -> Results | None:
+    """The full study's runs that ``keep`` accepts, from its archive beside the report folder ``out``
+    (report/full next to report/<study>); None when the archive is not there."""
+    path = out.parent / FULL_ARCHIVE
+    return Results([r for r in load_runs(path) if keep(r)]) if path.exists() else None
+
+
+def demoted(lines: list[str]) -> list[str]:
+    """Headings one level down, for a shared section placed inside a study's own section."""
+    return ["#" + x if x.startswith("#") else x for x in lines]
+
+
+def claims_beside(header: list[str], before: list, after: list) -> str:
+    """A table of two sets of the paper's claims (studies.paper.Claim), verdict beside verdict."""
+    return md_table(["claim", *header], [[b.title, a.summary, b.summary] for a, b in zip(before, after)])
+
+
 # ------------------------------------------------------------------------------------------ learned couplings
 
 def coupling_sets(res: Results, task: str, mode: str = "h+J") -> dict[int, tuple[Group, list[np.ndarray]]]:

@@ -39,8 +39,16 @@ from pathlib import Path
 
 from ..model import INITS
 from ..plots import figure, finish, style
-from ..report import couplings_section, header_section, shakespeare_section
-from ..results import Group, Results, load_runs
+from ..report import (
+    FULL_ARCHIVE,
+    claims_beside,
+    couplings_section,
+    demoted,
+    full_study_runs,
+    header_section,
+    shakespeare_section,
+)
+from ..results import Group, Results
 from ..stats import paired, relative, stat
 from ..sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid, with_field_bias
 from ..tables import duration, fmt_stat, md_table, table_with_holm
@@ -356,20 +364,12 @@ def _plot_convergence(found: dict, path: Path) -> None:
 
 # --------------------------------------------------------------------------------- stage 5: the paper's grid
 
-EARLIER = Path("full") / "runs.jsonl.gz"  # the paper grid under the earlier recipe, beside this report's folder
-
-
 def grid_view(res: Results) -> Results:
     """Stage 5's runs relabelled as variant ``base`` (each mode's variant name carries its own lr), so that the
     paper's tables, fits and claims read them."""
     return Results([replace(r, variant="base") for r in res.runs
                     if r.task == "shakespeare" and r.mode in BEST_LR and r.seed in GRID_SEEDS
                     and r.T in GRID_TS + LONG_TS and r.variant == variant(CHOSEN_INIT, BEST_LR[r.mode], GRID_STEPS)])
-
-
-def _demoted(lines: list[str]) -> list[str]:
-    """Headings one level down, to sit inside a section of this report."""
-    return ["#" + x if x.startswith("#") else x for x in lines]
 
 
 def _claims(res: Results) -> list:
@@ -389,19 +389,17 @@ def grid_section(res: Results, out: Path) -> list[str]:
     lines = ["## 5. The paper's grid under the strong recipe", "",
              f"Init {CHOSEN_INIT}, each mode at its best lr ({', '.join(f'{m} {lr:g}' for m, lr in BEST_LR.items())}), "
              f"{GRID_STEPS} steps, unfused AdamW; the tables below name the runs as variant `base`.", ""]
-    lines += _demoted(shakespeare_section(view, out, PAPER["shakespeare"]))
-    lines += _demoted(couplings_section(view, out, modes=("h+J", "J")))
+    lines += demoted(shakespeare_section(view, out, PAPER["shakespeare"]))
+    lines += demoted(couplings_section(view, out, modes=("h+J", "J")))
     claims = _claims(view)
-    lines += _demoted(agreement_section(view, claims))
-    lines += _demoted(extension_section(view))
-    earlier = out.parent / EARLIER
-    if earlier.exists():
-        before = _claims(Results([r for r in load_runs(earlier) if r.variant == "base"]))
-        rows = [[now.title, then.summary, now.summary] for then, now in zip(before, claims)]
+    lines += demoted(agreement_section(view, claims))
+    lines += demoted(extension_section(view))
+    earlier = full_study_runs(out, lambda r: r.variant == "base")
+    if earlier is not None:
         lines += ["### The claims then and now", "",
-                  f"Then: `report/{EARLIER.parent}` (init torch, lr 3e-3 for every mode, 4000 steps). Now: this "
-                  "section's runs. A claim's verdict can change with the recipe, with the number of seeds or "
-                  "with the T values measured.", "", md_table(["claim", "then", "now"], rows), ""]
+                  f"Then: `report/{FULL_ARCHIVE.parent}` (init torch, lr 3e-3 for every mode, 4000 steps). Now: "
+                  "this section's runs. A claim's verdict can change with the recipe, with the number of seeds or "
+                  "with the T values measured.", "", claims_beside(["then", "now"], _claims(earlier), claims), ""]
     return lines
 
 

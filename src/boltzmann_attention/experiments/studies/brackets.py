@@ -101,7 +101,7 @@ from pathlib import Path
 
 from ..data import CLOSE, BracketData, depths
 from ..plots import figure, finish
-from ..report import header_section
+from ..report import FULL_ARCHIVE, claims_beside, demoted, full_study_runs, header_section
 from ..results import Group, Results, load_runs
 from ..stats import paired, points, stat
 from ..sweep import Grid, with_field_bias
@@ -551,7 +551,6 @@ def _claims(view: Results) -> list:
 
 
 def claims_section(view: Results) -> list[str]:
-    from .baselines import _demoted
     from .paper import agreement_section
 
     if not view.runs:
@@ -560,10 +559,7 @@ def claims_section(view: Results) -> list[str]:
             f"Read by `paper.py`'s claim functions from this study's runs relabelled: variant `base` with the FFN, "
             "`noffn` without it, each mode at its stage-1 lr. The order h+J > softmax > h > J is the paper's at "
             f"T = {LR_T}; at the other T it is checked the same way, beyond what the paper reports.", "",
-            *_demoted(agreement_section(view, _claims(view)))]
-
-
-EASY = Path("full") / "runs.jsonl.gz"  # the old generator's runs, beside this report's folder
+            *demoted(agreement_section(view, _claims(view)))]
 
 
 def easy_section(view: Results, out: Path) -> list[str]:
@@ -571,19 +567,18 @@ def easy_section(view: Results, out: Path) -> list[str]:
     both have, and the paper's claims on each."""
     from .paper import BRACKET_CLAIMS, claim_j_structure
 
-    path = out.parent / EASY
     if not view.runs:
         return []
-    if not path.exists():
-        return ["## The easy setting", "", f"The old generator's runs (`report/{EASY}`) are not beside this "
+    easy = full_study_runs(out, lambda r: r.task == "brackets" and r.variant in FFN_VARIANT.values())
+    if easy is None:
+        return ["## The easy setting", "", f"The old generator's runs (`report/{FULL_ARCHIVE}`) are not beside this "
                 "report, so its row is left out; see `report/full/README.md` (brackets: 98.9-100% for every mode "
                 "but J at T <= 16).", ""]
-    easy = Results([r for r in load_runs(path) if r.task == "brackets" and r.variant in FFN_VARIANT.values()])
     cells = []
     for ffn in FFN_SETTINGS:
         variant = FFN_VARIANT[ffn]
         for T in sorted(set(easy.Ts("brackets", variant)) & set(view.Ts("brackets", variant))):
-            for name, res in ((f"easy (report/{EASY.parent})", easy), (f"{CHOSEN} (this study)", view)):
+            for name, res in ((f"easy (report/{FULL_ARCHIVE.parent})", easy), (f"{CHOSEN} (this study)", view)):
                 acc = {m: _test_values(res, variant, T, m, "accuracy") for m in MODES}
                 cells.append([name, "yes" if ffn else "no", str(T)] + [_percent(stat(acc[m].values())) for m in MODES]
                              + [paired(acc["softmax"], acc["h+J"], points)])
@@ -592,14 +587,13 @@ def easy_section(view: Results, out: Path) -> list[str]:
     then = [c(easy) for c in BRACKET_CLAIMS] + [claim_j_structure(easy)]
     now = [c(view) for c in BRACKET_CLAIMS] + [claim_j_structure(view)]
     return ["## The easy setting beside the chosen one", "",
-            f"Easy: the old generator (every bracket option at its default), `report/{EASY.parent}`'s runs: init "
-            "torch, lr 3e-3 for every mode, 3 seeds (no per-sequence accuracy was recorded then). Chosen: this "
-            "study's stage 2. Test accuracy over closing brackets (%), mean ± std (n seeds); h+J − softmax in "
-            "points, paired over seeds, with Holm marks over the table.", "",
+            "Easy: the old generator (every bracket option at its default), "
+            f"`report/{FULL_ARCHIVE.parent}`'s runs: init torch, lr 3e-3 for every mode, 3 seeds (no per-sequence "
+            "accuracy was recorded then). Chosen: this study's stage 2. Test accuracy over closing brackets (%), "
+            "mean ± std (n seeds); h+J − softmax in points, paired over seeds, with Holm marks over the table.", "",
             table_with_holm(["setting", "FFN", "T", *MODES, "h+J − softmax, Δ pts"], cells), "",
             "The paper's bracket claims on each (the T = 16 order, the FFN ablation, three-body couplings, the "
-            "learned J):", "", md_table(["claim", "easy", CHOSEN],
-                                        [[b.title, a.summary, b.summary] for a, b in zip(then, now)]), ""]
+            "learned J):", "", claims_beside(["easy", CHOSEN], then, now), ""]
 
 
 def hard_sections(res: Results, out: Path) -> list[str]:
