@@ -224,7 +224,6 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
     coupling_range = _window_max(band.abs().sum(1), w + _block_size(w))
     linear = not holes and coupling_range <= _linear_limit(w, n, dtype)
     k = _block_size(w) if linear else 1
-    work = dtype
     padded = torch.cat([band.new_zeros(w + k - 1, w), band])  # row w + k - 1 + p: couplings of spin p
     order = torch.argsort(ends, descending=True, stable=True)
     for c in range(k):  # class c: queries whose last spin p has p % k == c, so blocks end at p
@@ -232,7 +231,7 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
         if len(members) == 0:
             continue
         last_block = (ends[members] - c) // k
-        for start, stop in _chunks(last_block, n, w, k, work, direction is not None, chunk_size):
+        for start, stop in _chunks(last_block, n, w, k, dtype, direction is not None, chunk_size):
             idx, last = members[start:stop], last_block[start:stop]
             blocks = int(last[0]) + 1
             rows = c + w + k * torch.arange(blocks, device=device)[:, None] + torch.arange(k, device=device)
@@ -240,8 +239,7 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
             new_fields = _take(fields[idx], rows, w + k - 1)
             new_tangent = _take(direction[idx], rows, w + k - 1) if direction is not None else None
             if linear:
-                model = _Scaled(padded[rows].flatten(1).to(work), new_fields.to(work),
-                                new_tangent.to(work) if new_tangent is not None else None, w, k)
+                model = _Scaled(padded[rows].flatten(1), new_fields, new_tangent, w, k)
             else:
                 presence = None
                 if holes:
@@ -251,8 +249,8 @@ def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present:
                 model = _LogDomain(padded[rows[:, 0]], new_fields[:, 0], new_tangent, w, presence)
             with _no_denormals(device):
                 z, m, joint = _sweep(model, last, out.marginals is not None, out.pairs is not None,
-                                     weights[idx].to(work) if weights is not None else None,
-                                     _stride(last, w, work, direction is not None))
+                                     weights[idx] if weights is not None else None,
+                                     _stride(last, w, dtype, direction is not None))
             absent = torch.full_like(z, w + k - 1 - c)  # virtual spins: initial state, first block's padding
             if holes:
                 absent += ends[idx] + 1 - present[idx].sum(-1)
