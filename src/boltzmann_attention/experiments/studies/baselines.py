@@ -20,8 +20,8 @@ its own best settings, in stages, each decided by a rule fixed before the runs i
    softmax, h and h+J with 3 seeds, each mode at its best lr, for `GRID_STEPS` steps. The length was fixed
    before stage 3's h+J, J and 64000-step runs were seen, by affordability: 4000 steps is early training
    (softmax at T = 12 fell from 6.94 to 6.56 by 16000 steps, 3 seeds), and the grid at 64000 steps would
-   take about 20 hours of the 2-core machine, at 16000 about 5 (estimated from stage 3's step times). Stage 3 then says whether the ordering at
-   16000 steps still holds at 64000.
+   take about 20 hours of the 2-core machine, at 16000 about 5 (estimated from stage 3's step times).
+   Stage 3 then says whether the ordering at 16000 steps still holds at 64000.
 6. The fair study redone at T = 12 under the same recipe (5 seeds, `GRID_STEPS`): h, h+J and J with every
    other field bias of `FIELD_BIASES` (stage 5 holds the default one), and J's sensitivity for h+J and J:
    its learning-rate multiplier (0.3, 3) and a random initialisation N(0, 0.1^2) instead of 0.
