@@ -34,7 +34,8 @@ def test_grids_follow_the_study_design(monkeypatch):
     assert all(c.eval_interval == c.steps // 16 and c.lr == best[c.mode] for c in long)  # complete schedules
     grid = {(c.T, c.mode, c.seed) for c in long if c.steps == baselines.GRID_STEPS}
     assert grid == ({(T, m, s) for T in range(4, 15, 2) for m in best for s in range(5)}
-                    | {(T, m, s) for T in (16, 20) for m in ("softmax", "h", "h+J") for s in range(3)})
+                    | {(T, m, s) for T in (16, 20, 24) for m in ("softmax", "h", "h+J") for s in range(3)})
+    assert [c.T for c in long][-9:] == [24] * 9  # stage 7 runs last
     names = [name for grid in profile("baselines") for name, c in grid.runs() if c.steps == baselines.GRID_STEPS]
     stage6 = 3 * 3 * 5 + 3 * 2 * 5  # three other field biases x (h, h+J, J); three J settings x (h+J, J)
     assert len(names) == len(set(names)) + 4 * 3  # stage 5 at T = 12 reuses stage 3's runs

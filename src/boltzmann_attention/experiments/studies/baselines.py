@@ -25,6 +25,10 @@ its own best settings, in stages, each decided by a rule fixed before the runs i
 6. The fair study redone at T = 12 under the same recipe (5 seeds, `GRID_STEPS`): h, h+J and J with every
    other field bias of `FIELD_BIASES` (stage 5 holds the default one), and J's sensitivity for h+J and J:
    its learning-rate multiplier (0.3, 3) and a random initialisation N(0, 0.1^2) instead of 0.
+7. T = 24 "as far as the exact method's speed allows": softmax, h and h+J, 3 seeds, `GRID_STEPS`, last.
+   Measured (one thread, the sweep paused): an h+J training step takes 0.46 s at T = 24 (0.07 s at T = 20;
+   softmax and h 8 ms), so an h+J run takes about 2 h and the stage about 6.5 h of one core (an estimate from
+   those step times). It is affordable with two jobs over a session, so it runs, after everything else.
 Every run uses AdamW's per-tensor loop (`fused_optimizer=False`), as the first stage's runs did. Later
 stages use the decisions of the earlier ones: `CHOSEN_INIT` and `BEST_LR` below hold them, with the
 measurement that set them in the report.
@@ -67,6 +71,7 @@ GRID_TS = (8, 12, 4, 6, 10, 14)  # in the order they run: the init study's windo
 GRID_SEEDS = (0, 1, 2, 3, 4)
 FAIR_T = 12
 LONG_TS = (16, 20)  # exact's cost grows as 2^T: 3 seeds, no J-only (as in the paper)
+LONGEST_T = 24  # stage 7, last: an h+J step takes about 0.46 s here (see the docstring)
 LONG_MODES = ("softmax", "h", "h+J")
 
 # Decisions of the earlier stages (see the report for the measurement behind each).
@@ -101,7 +106,8 @@ def _grid(T: int, modes, seeds, init: str, lr: float = BASE_LR, steps: int = 400
 
 def baselines_grids(field_bias: str) -> list[Grid]:
     """The stages in the order they run: init, the nanoGPT check (before any further comparison), learning
-    rates, training length (a stage whose decision is not made yet has no grid)."""
+    rates, training length, the paper's grid, the fair study, T = 24 (a stage whose decision is not made yet
+    has no grid)."""
     grids = [_grid(T, MODES, INIT_SEEDS, init) for T in INIT_TS for init in INITS]
     grids.append(Grid(("shakespeare",), (NANOGPT_T,), modes=("softmax",), seeds=SEEDS, variant=NANOGPT_VARIANT,
                       overrides=NANOGPT))
@@ -111,7 +117,9 @@ def baselines_grids(field_bias: str) -> list[Grid]:
     for steps in STEPS[1:]:
         grids += [_grid(CONVERGENCE_T, (mode,), SEEDS, CHOSEN_INIT, lr, steps) for mode, lr in BEST_LR.items()]
     grids += paper_grid()
-    return with_field_bias(grids, field_bias) + fair_grids(field_bias)
+    longest = [_grid(LONGEST_T, (mode,), (seed,), CHOSEN_INIT, BEST_LR[mode], GRID_STEPS)
+               for seed in SEEDS for mode in LONG_MODES]
+    return with_field_bias(grids, field_bias) + fair_grids(field_bias) + with_field_bias(longest, field_bias)
 
 
 def paper_grid() -> list[Grid]:
@@ -369,7 +377,8 @@ def grid_view(res: Results) -> Results:
     paper's tables, fits and claims read them."""
     return Results([replace(r, variant="base") for r in res.runs
                     if r.task == "shakespeare" and r.mode in BEST_LR and r.seed in GRID_SEEDS
-                    and r.T in GRID_TS + LONG_TS and r.variant == variant(CHOSEN_INIT, BEST_LR[r.mode], GRID_STEPS)])
+                    and r.T in (*GRID_TS, *LONG_TS, LONGEST_T)
+                    and r.variant == variant(CHOSEN_INIT, BEST_LR[r.mode], GRID_STEPS)])
 
 
 def _claims(res: Results) -> list:
