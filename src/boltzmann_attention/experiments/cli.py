@@ -163,8 +163,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                               "paper's tables; fair: the fair-baselines study; sampling: models trained through "
                               "DQA, PT and Gibbs against exact; baselines: the strong-baselines study; "
                               "brackets-calibration: the bracket task's difficulty calibrated on softmax; "
-                              "brackets-hard: every mode on the chosen bracket setting, each at its own lr "
-                              "(default: %(default)s)")
+                              "brackets-hard: every mode on the chosen bracket setting, each at its own lr; "
+                              "realsize: softmax, h and h+J in nanoGPT's CPU configuration (default: %(default)s)")
     p_repro.add_argument("--field-bias", choices=sorted(studies.FIELD_BIASES),
                          default=studies.DEFAULT_FIELD_BIAS,
                          help=f"field bias of the Boltzmann modes (default {studies.DEFAULT_FIELD_BIAS}, "
