@@ -211,6 +211,8 @@ def test_a_resumed_run_counts_its_whole_wall_time_over_all_its_steps(tmp_path):
     path.write_text(json.dumps(result))
     found = realsize.per_seed(Results(load_runs(tmp_path)), "h", 1e-3)
     assert found["step_s"] == {0: pytest.approx(0.05)} and found["peak_mib"] == {0: PEAK["h"]}
+    text = write_report(tmp_path, tmp_path / "report").read_text()
+    assert "- 1 run resumed from a checkpoint; their wall time sums every segment" in text
 
 
 def test_other_studies_runs_are_not_claimed(tmp_path):

@@ -89,8 +89,8 @@ def header_section(res: Results, results_dir: Path) -> list[str]:
     ]
     lines += [f"- Variant `{v}`: {text}" for v, text in _variant_settings(runs).items()]
     if resumed:
-        lines.append(f"- {plural(resumed, 'run')} resumed from a checkpoint; their wall time counts only the part "
-                     "after resuming")
+        lines.append(f"- {plural(resumed, 'run')} resumed from a checkpoint; their wall time sums every segment "
+                     "(train adds the time saved in the checkpoint), their steps_run counts only the last")
     if res.duplicates:
         lines.append(f"- Ignored duplicates: {', '.join(res.duplicates)}")
     return lines + excluded_lines(res) + [""]
