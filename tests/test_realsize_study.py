@@ -170,7 +170,15 @@ def test_stage_two_and_three_report_pair_each_arm(tmp_path, monkeypatch):
     monkeypatch.setattr(realsize, "EXTRA_LEARNING_RATES", {"h": (1e-2,)})
     _plant_all(tmp_path)
     _plant(tmp_path, "h", 1e-2, 0, 1.95)
+    path = tmp_path / "runs" / "shakespeare-T64-h+J-meanfield-rs-meanfield8-lr0.001-s1.json"
+    result = json.loads(path.read_text())
+    result["convergence"] = {"unconverged_steps": 120, "steps": 2000, "unconverged_evaluations": 2,
+                             "evaluations": 9, "first": "x", "last": "y"}
+    path.write_text(json.dumps(result))
     text = write_report(tmp_path, tmp_path / "report").read_text()
+    assert ("- meanfield8: the marginals did not converge in 120 training steps and 2 evaluations, summed over 1 "
+            "of its 3 runs") in text
+    assert text.count("Convergence of the iterative solver") == 1  # stage 3 has no mean-field arm
     table = table_after(text, "## Stage 2: T = 64, batch 12, 2000 steps")
     assert list(table) == ARMS
     for arm in ARMS:

@@ -620,8 +620,9 @@ def test_a_run_with_the_memory_probe_records_it(monkeypatch):
 
 
 def test_unconverged_mean_field_is_counted_per_step_and_warned_once():
-    """Strong relative couplings (|J| sums past 1) keep the naive mean field from converging in every step: the
-    result counts those steps and one warning says so, instead of one per solve."""
+    """Strong relative couplings (|J| sums past 1) keep the naive mean field from converging in every step and
+    evaluation (one during training, one at the end): the result counts them and one warning says so, instead
+    of one per solve."""
     from boltzmann_attention.ising.meanfield import ConvergenceWarning
 
     cfg = TrainConfig(T=12, method="meanfield", coupling="relative", coupling_range=4, coupling_init_std=2.0,
@@ -630,8 +631,12 @@ def test_unconverged_mean_field_is_counted_per_step_and_warned_once():
         warnings.simplefilter("always")
         result = train(cfg, progress=False)
     mine = [w for w in caught if issubclass(w.category, ConvergenceWarning) and "training steps" in str(w.message)]
-    assert len(mine) == 1 and "did not converge in 3 of 3 training steps" in str(mine[0].message)
-    assert result["convergence"]["unconverged_steps"] == 3 and result["convergence"]["steps"] == 3
+    assert len(mine) == 1 and "did not converge in 3 of 3 training steps and 2 of 2 evaluations" in str(
+        mine[0].message)
+    assert not [w for w in caught if issubclass(w.category, ConvergenceWarning) and w not in mine]  # none per solve
+    assert {k: result["convergence"][k] for k in ("unconverged_steps", "steps", "unconverged_evaluations",
+                                                  "evaluations")} == {"unconverged_steps": 3, "steps": 3,
+                                                                      "unconverged_evaluations": 2, "evaluations": 2}
     assert "did not converge" in result["convergence"]["first"]
     weak = train(replace(cfg, coupling_init_std=0.0, method_options={}), progress=False)
     assert "convergence" not in weak

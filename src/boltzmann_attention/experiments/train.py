@@ -553,14 +553,15 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     for step in range(start, cfg.steps):
         x, y = task.batch(cfg.batch_size // world, generator)
         try:
-            with unconverged.step():
+            with unconverged.watch("steps"):
                 loss = train_step(net, model, optimizer, x, y, cfg)
             stepped = True
             scheduler.step()
             done = step + 1
             if rank == 0 and (done % cfg.eval_interval == 0 or done == cfg.steps):
                 model.eval()
-                metrics = task.evaluate(model)
+                with unconverged.watch("evaluations"):
+                    metrics = task.evaluate(model)
                 model.train()
                 if not math.isfinite(metrics["loss"]):
                     raise ValueError(f"the validation loss is {metrics['loss']}")
@@ -588,16 +589,19 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     wall = elapsed + time.perf_counter() - t0
 
     model.eval()
+    with unconverged.watch("evaluations"):
+        final = task.evaluate(model)
     result = {"config": asdict(cfg), "seed": cfg.seed, "steps_run": cfg.steps - start, "wall_time_s": wall,
-              "threads": torch.get_num_threads(), "metrics": {"val": task.evaluate(model)}, "history": history,
+              "threads": torch.get_num_threads(), "metrics": {"val": final}, "history": history,
               **machine_info()}
     if memory is not None:
         result["memory"] = memory
-    if unconverged.steps:
-        result["convergence"] = unconverged.summary(cfg.steps - start)
     if cfg.task == "brackets":
-        result["metrics"]["test"] = task.evaluate(model, "test")
+        with unconverged.watch("evaluations"):
+            result["metrics"]["test"] = task.evaluate(model, "test")
         result["data"] = {f"{split}_in_train": v for split, v in task.data.in_train.items()}
+    if unconverged.found():
+        result["convergence"] = unconverged.summary()
     if cfg.method in ising.SAMPLED_METHODS and cfg.T <= EXACT_MAX_SPINS:
         # the same weights with exact marginals: what training through the sampler learned, apart from the
         # sampler's own behaviour (noise, and a non-Boltzmann distribution for dqa/sqa) at evaluation
@@ -607,7 +611,7 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
                 result["metrics"]["test_exact"] = task.evaluate(model, "test")
     attn = model.blocks[0].attn
     if attn.couplings is not None:
-        result["couplings"] = attn.couplings(cfg.T).detach().tolist()  # (H, T, T), first layer
+        result["couplings"] = attn.couplings(cfg.T).detach().tolist()  # (H, T, T), first layer; window: (H, W, W)
     if attn.field_bias is not None:
         result["field_bias"] = attn.field_bias.detach().tolist()
     if distributed:
@@ -616,16 +620,20 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
 
 
 class Unconverged:
-    """Counts the training steps in which an iterative solver (mean field, TAP) warned that it did not
-    converge, instead of one warning per solve and step (thousands in a run): the count and the first and
-    last messages go into the result ('convergence') and one warning at the end says so. Other warnings of
-    a step are passed on as they were."""
+    """Counts the training steps and the validation evaluations in which an iterative solver (mean field,
+    TAP) warned that it did not converge, instead of one warning per solve (thousands in a run): the counts
+    and the first and last messages go into the result ('convergence'), and one warning at the end says so.
+    An evaluation that did not converge is the approximation's loss, not the fixed point's. Other warnings
+    are passed on as they were. The counts cover this segment of a resumed run."""
 
     def __init__(self):
-        self.steps, self.first, self.last = 0, None, None
+        self.unconverged = {"steps": 0, "evaluations": 0}
+        self.total = {"steps": 0, "evaluations": 0}
+        self.first = self.last = None
 
     @contextmanager
-    def step(self):
+    def watch(self, kind: str):
+        """Watch one training step (``kind`` 'steps') or one evaluation ('evaluations')."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConvergenceWarning)
             yield
@@ -633,15 +641,22 @@ class Unconverged:
         for w in caught:
             if not issubclass(w.category, ConvergenceWarning):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        self.total[kind] += 1
         if found:
-            self.steps += 1
+            self.unconverged[kind] += 1
             self.first = self.first or str(found[0].message)
             self.last = str(found[-1].message)
 
-    def summary(self, steps: int) -> dict:
-        warnings.warn(f"the marginals did not converge in {self.steps} of {steps} training steps (first: "
-                      f"{self.first}); the count is in the result's 'convergence'", ConvergenceWarning, stacklevel=3)
-        return {"unconverged_steps": self.steps, "steps": steps, "first": self.first, "last": self.last}
+    def found(self) -> bool:
+        return any(self.unconverged.values())
+
+    def summary(self) -> dict:
+        u, n = self.unconverged, self.total
+        warnings.warn(f"the marginals did not converge in {u['steps']} of {n['steps']} training steps and "
+                      f"{u['evaluations']} of {n['evaluations']} evaluations (first: {self.first}); the counts are "
+                      "in the result's 'convergence'", ConvergenceWarning, stacklevel=3)
+        return {"unconverged_steps": u["steps"], "steps": n["steps"], "unconverged_evaluations": u["evaluations"],
+                "evaluations": n["evaluations"], "first": self.first, "last": self.last}
 
 
 def setup_run(cfg: TrainConfig, rank: int = 0):

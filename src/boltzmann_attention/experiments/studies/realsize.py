@@ -17,7 +17,8 @@ the same model otherwise:
 meanfield8 and banded8 are one model solved two ways (approximately, exactly). J starts at 0 in every arm,
 so every h+J arm starts as h. Every run also measures its memory: before training, 3 training steps of its
 config in a fresh Python process whose peak resident set size (VmHWM) the result records
-(``TrainConfig.memory_probe_steps``; :func:`..train.memory_probe`).
+(``TrainConfig.memory_probe_steps``; :func:`..train.memory_probe`). A mean-field run records in how many
+training steps and evaluations the solver did not converge (its 'convergence'), and the report says it.
 
 Stages, each decided by a rule written here before any of its runs:
 
@@ -396,7 +397,24 @@ def comparison_section(res: Results, T: int, out: Path) -> list[str]:
         s = stat(soft.values())
         lines += [f"Softmax: {s.mean:.4f} against nanoGPT's published ~{NANOGPT_LOSS} for this configuration "
                   f"({(s.mean - NANOGPT_LOSS) / NANOGPT_LOSS * 100:+.1f}%).", ""]
-    return lines + j_verdicts(found, h)
+    return lines + convergence_lines(res, T, list(found)) + j_verdicts(found, h)
+
+
+def convergence_lines(res: Results, T: int, arms: list[str]) -> list[str]:
+    """Per arm whose runs recorded solver non-convergence (mean field): in how many training steps and
+    evaluations, summed over its seeds; a line saying so for the mean-field arm when none was recorded."""
+    lines = []
+    for arm in arms:
+        runs = _group(res, arm, BEST_LR[arm], T).runs.values()
+        found = [r.raw["convergence"] for r in runs if r.raw.get("convergence")]
+        if found:
+            total = {k: sum(c[k] for c in found) for k in ("unconverged_steps", "unconverged_evaluations")}
+            lines.append(f"- {arm}: the marginals did not converge in {total['unconverged_steps']} training steps "
+                         f"and {total['unconverged_evaluations']} evaluations, summed over {len(found)} of its "
+                         f"{len(runs)} runs (their validation loss is then the last iterate's, not a fixed point's).")
+        elif BY_NAME[arm].method in ("meanfield", "tap"):
+            lines.append(f"- {arm}: the mean field converged in every step and evaluation of its {len(runs)} runs.")
+    return ["Convergence of the iterative solver:", "", *lines, ""] if lines else []
 
 
 def j_verdicts(found: dict, h: dict[int, float]) -> list[str]:
