@@ -24,7 +24,7 @@ def test_train_help_shows_choices_defaults_and_help(capsys):
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    for text in ("{shakespeare,brackets}", "{softmax,h,J,h+J,h+K,h+J+K}", "{torch,gpt2}", "{full,relative}",
+    for text in ("{shakespeare,brackets}", "{softmax,h,J,h+J,h+K,h+J+K}", "{torch,gpt2}", "{full,relative,window}",
                  "peak learning rate (AdamW) (default: 0.003)", "(default: -log(T) / 2)", "exact,gibbs"):
         assert text in out, text
 
@@ -152,6 +152,17 @@ def test_bracket_difficulty_options_reach_the_config():
         500, 0.5, 0.75, 0.8, True)
     assert cli._sweep_overrides(["deduplicate=true", "min_fill=0.5", "train_sequences=2000"]) == {
         "deduplicate": True, "min_fill": 0.5, "train_sequences": 2000}
+
+
+def test_coupling_options_reach_the_config():
+    parser, _ = cli.build_parser()
+    args = parser.parse_args(["train", "--coupling", "window", "--coupling-window", "16", "--coupling-window-relative",
+                              "true", "--memory-probe-steps", "5"])
+    assert (args.coupling, args.coupling_window, args.coupling_window_relative, args.coupling_range,
+            args.memory_probe_steps) == ("window", 16, True, None, 5)
+    args = parser.parse_args(["train", "--coupling", "relative", "--coupling-range", "8"])
+    assert (args.coupling_range, args.coupling_window) == (8, None)
+    assert parser.parse_args(["train", "--coupling-range", "none"]).coupling_range is None
 
 
 def test_bad_bracket_option_is_refused_before_training(capsys):

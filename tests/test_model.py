@@ -46,3 +46,47 @@ def test_torch_init_is_pytorch_default():
 def test_unknown_init_is_refused():
     with pytest.raises(ValueError, match="unknown init"):
         _model("xavier")
+
+
+# --- the coupled window in the model ----------------------------------------------------------------------
+
+def _pair(reference: dict, **window) -> tuple[Model, Model]:
+    """A model with the coupled window and a reference model (``reference``: its ModelConfig options), both
+    with the same weights apart from the couplings; 2 layers, 2 heads, T = 6."""
+    common = dict(vocab_size=11, max_len=6, d_model=8, n_heads=2, n_layers=2, d_ff=16, init="torch")  # O(1) weights
+    torch.manual_seed(0)
+    windowed = Model(ModelConfig(**common, mode="h+J", coupling="window", **window))
+    ref = Model(ModelConfig(**common, **reference))
+    state = {k: v for k, v in windowed.state_dict().items() if "couplings" not in k}
+    missing, unexpected = ref.load_state_dict(state, strict=False)
+    assert not unexpected and all("couplings" in k for k in missing)
+    for layer in windowed.blocks:
+        assert layer.attn.couplings.weight.shape[1:] == (
+            (window["coupling_window"] - 1,) if window.get("coupling_window_relative") else
+            (window["coupling_window"],) * 2)
+    return windowed, ref
+
+
+@pytest.mark.parametrize("W", [6, 9])
+def test_a_window_covering_the_sequence_is_the_full_coupling_model(W):
+    """W >= T with slot couplings J_ab = f(|a - b|): every query sees J_jk = f(|j - k|) over all its keys,
+    which is coupling 'full' with that J (mapped from slots to positions)."""
+    windowed, full = _pair({"mode": "h+J", "coupling": "full"}, coupling_window=W, coupling_window_relative=True)
+    tokens = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for wl, fl in zip(windowed.blocks, full.blocks):
+            f = 0.4 * torch.randn(2, W - 1)  # f(1) .. f(W - 1) per head
+            wl.attn.couplings.weight.copy_(f)
+            distance = (torch.arange(6)[:, None] - torch.arange(6)[None, :]).abs()
+            fl.attn.couplings.weight.copy_(torch.cat([torch.zeros(2, 1), f], 1)[:, distance])
+        expected = full(tokens)
+        torch.testing.assert_close(windowed(tokens), expected, atol=1e-5, rtol=1e-5)
+        windowed.blocks[0].attn.couplings.weight[0, 0] += 0.5  # and the couplings do act
+        assert (windowed(tokens) - expected).abs().max() > 1e-3
+
+
+def test_a_window_with_zero_couplings_is_mode_h():
+    windowed, h = _pair({"mode": "h"}, coupling_window=3)
+    tokens = torch.randint(0, 11, (3, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(windowed(tokens), h(tokens), atol=1e-5, rtol=1e-5)

@@ -602,7 +602,7 @@ def test_the_study_registry():
     from boltzmann_attention.experiments.results import Results, _load_run
 
     assert studies.PROFILES == ("quick", "full", "fair", "sampling", "dqa-boltzmann", "baselines",
-                               "brackets-calibration", "brackets-hard")
+                               "brackets-calibration", "brackets-hard", "realsize")
     for study in studies.STUDIES:
         assert callable(study.owns) and callable(study.report) and study.PROFILES
         for name, grids in study.PROFILES.items():
@@ -622,6 +622,7 @@ def test_the_study_registry():
     assert studies.study_of(results("sampling-trotter800")) is studies.sampling
     assert studies.study_of(results("sampling-boltzmann-ste")) is studies.sampling
     assert studies.study_of(results("init-gpt2-lr0.01")) is studies.baselines
+    assert studies.study_of(results("rs-window16-lr0.001")) is studies.realsize
 
 
 def test_importing_the_reports_loads_no_plotting_or_scipy():

@@ -264,6 +264,23 @@ def test_threads_are_set_for_the_run_and_restored():
     (dict(task="brackets", deduplicate="no"), "deduplicate must be true or false"),
     (dict(task="shakespeare", deduplicate=True), "deduplicate is an option of task 'brackets' only"),
     (dict(task="shakespeare", train_sequences=5, min_fill=0.5), "train_sequences, min_fill are options of task"),
+    (dict(coupling="window"), "coupling='window' needs coupling_window=W"),
+    (dict(coupling_window=4), "coupling_window applies to coupling='window' only, got coupling='full'"),
+    (dict(coupling="relative", coupling_window_relative=True), "coupling_window_relative applies to coupling='wi"),
+    (dict(coupling="window", coupling_window=0), "coupling_window must be an integer >= 1"),
+    (dict(coupling="window", coupling_window=True), "coupling_window must be an integer"),
+    (dict(coupling="window", coupling_window=4, method="meanfield"), "by method 'exact' only, got method 'meanf"),
+    (dict(coupling="window", coupling_window=4, method="banded"), "by method 'exact' only"),
+    (dict(coupling="window", coupling_window=4, mode="h"), r"needs a mode with pairwise couplings .*got mode 'h'"),
+    (dict(coupling="window", coupling_window=4, mode="h+J+K"), "no three-body terms"),
+    (dict(coupling="window", coupling_window=25, T=64), "coupling_window = 25 is beyond the window's limit of 24"),
+    (dict(coupling="window", coupling_window=9, method_options={"max_spins": 8}), "limit of 8 coupled spins"),
+    (dict(coupling_range=3), "coupling_range applies to coupling='relative' only, got coupling='full'"),
+    (dict(coupling="relative", coupling_range=-1), "coupling_range must be an integer >= 0"),
+    (dict(coupling="relative", method="banded", T=20), r"range w = 19 \(T - 1, the default\).*max_bandwidth 16"),
+    (dict(coupling="relative", method="banded", T=64, coupling_range=9, method_options={"max_bandwidth": 8}),
+     "set coupling_range <= 8"),
+    (dict(memory_probe_steps=-1), "memory_probe_steps must be an integer >= 0"),
 ])
 def test_bad_configs_fail_before_training(change, message, monkeypatch):
     monkeypatch.setattr(train_module, "Task", _no_training)
@@ -290,6 +307,12 @@ def test_grad_clip_inf_disables_clipping_and_good_configs_pass():
         TrainConfig(d_ff=0, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.0, field_bias_init=-1.5,
                     method="banded", method_options={"bandwidth": 3}).validate()
         TrainConfig(steps=11, warmup_steps=10).validate()
+        # the window is exact at any T (its limit is on W), banded needs only the range within its limit
+        TrainConfig(T=64, coupling="window", coupling_window=16).validate()
+        TrainConfig(T=64, coupling="window", coupling_window=24, mode="J", coupling_window_relative=True).validate()
+        TrainConfig(T=64, coupling="relative", coupling_range=8, method="banded").validate()
+        TrainConfig(T=64, coupling="relative", coupling_range=8, method="meanfield").validate()
+        TrainConfig(T=64, mode="h", coupling="relative", method="banded").validate()  # mode h has no J
 
 
 @pytest.mark.parametrize("mode", ["h+J", "softmax"])
@@ -500,20 +523,28 @@ def test_bracket_evaluation_counts_closing_brackets_and_whole_sequences():
     assert 0.3 < metrics["accuracy_sequence"] < metrics["accuracy"] < 1
 
 
-def test_results_and_checkpoints_before_the_bracket_options_read_as_the_old_generator(tmp_path):
+OLD_FIELDS = {  # fields added after results were recorded, and what the runs without them used
+    "bracket options": {"train_sequences": 20000, "min_fill": 0.0, "max_fill": 1.0, "open_probability": 0.5,
+                        "deduplicate": False},
+    "coupling options": {"coupling_range": None, "coupling_window": None, "coupling_window_relative": False,
+                         "memory_probe_steps": 0},
+}
+
+
+@pytest.mark.parametrize("added", OLD_FIELDS)
+def test_results_and_checkpoints_from_before_a_field_read_as_what_they_used(tmp_path, added):
     from boltzmann_attention.experiments.results import load_runs
 
     cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
     result = train(cfg, progress=False, checkpoint=tmp_path / "c.pt")
     assert set(result["data"]) == {"val_in_train", "test_in_train"} and result["data"]["val_in_train"] == 1.0
-    new_fields = ("train_sequences", "min_fill", "max_fill", "open_probability", "deduplicate")
+    new_fields = tuple(OLD_FIELDS[added])
     for key in new_fields:
         del result["config"][key]
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "old.json").write_text(json.dumps(result))
     (run,) = load_runs(tmp_path)
-    assert {k: run.config[k] for k in new_fields} == {"train_sequences": 20000, "min_fill": 0.0, "max_fill": 1.0,
-                                                       "open_probability": 0.5, "deduplicate": False}
+    assert {k: run.config[k] for k in new_fields} == OLD_FIELDS[added]
     state = read_checkpoint(tmp_path / "c.pt")
     for key in new_fields:
         del state["config"][key]
@@ -524,3 +555,88 @@ def test_results_and_checkpoints_before_the_bracket_options_read_as_the_old_gene
     assert resumed["steps_run"] == 0 and resumed["metrics"] == result["metrics"]
     with pytest.raises(ValueError, match="another config.*deduplicate"):
         train(replace(cfg, deduplicate=True, T=6), progress=False, checkpoint=tmp_path / "old.pt")
+
+
+def test_the_coupled_window_trains_and_its_slot_couplings_are_recorded(tmp_path):
+    """T = 30 is beyond exact's 24 spins, which the window (W = 4) does not need; J (H, W, W) is learned, saved
+    in the result by slot and read back; the resolved config says which window it was."""
+    from boltzmann_attention.experiments.results import load_runs
+
+    torch.set_num_threads(1)
+    cfg = TrainConfig(T=30, n_heads=2, coupling="window", coupling_window=4, **{**SHORT, "steps": 3, "lr": 1e-2})
+    result = train(cfg, progress=False)
+    J = torch.tensor(result["couplings"])
+    assert J.shape == (2, 4, 4) and J.abs().max() > 0 and torch.equal(J, J.transpose(-1, -2))
+    assert torch.all(J.diagonal(dim1=-2, dim2=-1) == 0)
+    assert (result["config"]["coupling"], result["config"]["coupling_window"]) == ("window", 4)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "w.json").write_text(json.dumps(result))
+    (run,) = load_runs(tmp_path)
+    assert run.couplings.shape == (2, 4, 4)
+    bad = {**result, "couplings": torch.zeros(2, 30, 30).tolist()}  # positional J for a window run: refused
+    (tmp_path / "runs" / "w.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"expected \(H, 4, 4\)"):
+        load_runs(tmp_path)
+
+
+def test_relative_coupling_range_reaches_the_layer():
+    """coupling_range sets J's range (and banded's bandwidth), instead of the default T - 1."""
+    for method in ("banded", "meanfield"):
+        cfg = TrainConfig(T=20, coupling="relative", coupling_range=3, method=method)
+        model = Model(cfg.model_config(65))
+        attn = model.blocks[0].attn
+        assert attn.couplings.weight.shape == (1, 3)
+        assert attn.method_options.get("bandwidth") == (3 if method == "banded" else None)
+
+
+def test_the_memory_probe_measures_a_fresh_process(tmp_path):
+    """The probe's peak is its own process's: not raised by this (test) process's size, as ru_maxrss carried
+    over fork and exec would be; and a larger batch takes more memory in its steps."""
+    from boltzmann_attention.experiments.train import _rss_mib, memory_probe
+
+    if _rss_mib() is None:
+        pytest.skip("needs /proc (Linux)")
+    common = dict(T=64, mode="h", n_heads=4, d_model=32, d_ff=0, memory_probe_steps=2)
+    ballast = torch.ones(2**27)  # 512 MiB in this process, touched
+    mine = _rss_mib()
+    small = memory_probe(TrainConfig(**common, batch_size=2), threads=1)
+    del ballast
+    large = memory_probe(TrainConfig(**common, batch_size=512), threads=1)
+    assert small["steps"] == 2 and small["batch_size"] == 2 and small["threads"] == 1
+    assert 0 < small["rss_before_steps_mib"] <= small["peak_rss_mib"] < mine - 256
+    assert small["steps_mib"] == small["peak_rss_mib"] - small["rss_before_steps_mib"]
+    # (512, 4, 64, 64) float32 attention weights are 32 MiB a tensor, several kept for the backward
+    assert large["steps_mib"] > small["steps_mib"] + 64
+    with pytest.raises(ValueError, match="memory_probe_steps must be an integer >= 1"):
+        memory_probe(TrainConfig(**{**common, "memory_probe_steps": 0}))
+
+
+def test_a_run_with_the_memory_probe_records_it(monkeypatch):
+    seen = []
+    monkeypatch.setattr(train_module, "memory_probe", lambda cfg: seen.append(cfg) or {"peak_rss_mib": 1.0})
+    cfg = TrainConfig(task="brackets", T=4, memory_probe_steps=3, **{**SHORT, "steps": 2})
+    assert train(cfg, progress=False)["memory"] == {"peak_rss_mib": 1.0} and seen == [cfg]
+    assert "memory" not in train(replace(cfg, memory_probe_steps=0), progress=False)
+
+
+def test_unconverged_mean_field_is_counted_per_step_and_warned_once():
+    """Strong relative couplings (|J| sums past 1) keep the naive mean field from converging in every step and
+    evaluation (one during training, one at the end): the result counts them and one warning says so, instead
+    of one per solve."""
+    from boltzmann_attention.ising.meanfield import ConvergenceWarning
+
+    cfg = TrainConfig(T=12, method="meanfield", coupling="relative", coupling_range=4, coupling_init_std=2.0,
+                      method_options={"max_iter": 5}, **{**SHORT, "steps": 3, "eval_interval": 3})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train(cfg, progress=False)
+    mine = [w for w in caught if issubclass(w.category, ConvergenceWarning) and "training steps" in str(w.message)]
+    assert len(mine) == 1 and "did not converge in 3 of 3 training steps and 2 of 2 evaluations" in str(
+        mine[0].message)
+    assert not [w for w in caught if issubclass(w.category, ConvergenceWarning) and w not in mine]  # none per solve
+    assert {k: result["convergence"][k] for k in ("unconverged_steps", "steps", "unconverged_evaluations",
+                                                  "evaluations")} == {"unconverged_steps": 3, "steps": 3,
+                                                                      "unconverged_evaluations": 2, "evaluations": 2}
+    assert "did not converge" in result["convergence"]["first"]
+    weak = train(replace(cfg, coupling_init_std=0.0, method_options={}), progress=False)
+    assert "convergence" not in weak

@@ -17,9 +17,8 @@ from pathlib import Path
 from .. import ising
 from ..attention import MODES
 from .model import INITS
-from .train import TASKS, TrainConfig
+from .train import COUPLINGS, TASKS, TrainConfig
 
-COUPLINGS = ("full", "relative")
 EXPERIMENTS_EXTRA = 'pip install -e ".[experiments]"'
 
 # Valid values and help of every TrainConfig field shown by `train` (and by `sweep --set`).
@@ -44,7 +43,11 @@ HELP = {
     "n_heads": "attention heads",
     "n_layers": "transformer blocks",
     "d_ff": "FFN width; 0 removes the FFN",
-    "coupling": "full: a free J for every pair of positions; relative: J = f(|j - k|)",
+    "coupling": "full: a free J for every pair of positions; relative: J = f(|j - k|); window: J between the "
+                "last coupling_window keys of each query, by slot (method exact, any T)",
+    "coupling_range": "relative: J = 0 beyond this distance (none: T - 1)",
+    "coupling_window": "window: the number W of coupled keys of each query (none unless coupling is window)",
+    "coupling_window_relative": "window: J_ab = f(|a - b|) instead of a free (W, W) matrix",
     "coupling_init_std": "standard deviation of J at initialisation (0: J starts at zero)",
     "coupling_lr_multiplier": "learning rate of J and K relative to lr",
     "field_bias_init": "initial field bias per head (default: -log(T) / 2)",
@@ -61,6 +64,8 @@ HELP = {
     "open_probability": "brackets: probability that the word opens a bracket where it may (higher: deeper "
                         "nesting)",
     "deduplicate": "brackets: redraw validation and test sequences that occur in the training set",
+    "memory_probe_steps": "n > 0: before training, n training steps in a fresh process whose peak memory the "
+                          "result records (0: off)",
 }
 
 
@@ -86,6 +91,10 @@ def _optional_float(text: str) -> float | None:
     return None if text.lower() == "none" else float(text)
 
 
+def _optional_int(text: str) -> int | None:
+    return None if text.lower() == "none" else int(text)
+
+
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """One --flag per TrainConfig field, with its valid values, default and help."""
     for f in fields(TrainConfig):
@@ -93,6 +102,8 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
         kind = {"int": int, "float": float, "str": str, "bool": _boolean}.get(str(f.type).split(" ")[0], str)
         if f.name == "field_bias_init":
             kind = _optional_float
+        elif f.name in ("coupling_range", "coupling_window"):
+            kind = _optional_int
         elif f.name == "method_options":
             kind = _json_object
         shown = "-log(T) / 2" if f.name == "field_bias_init" else json.dumps(default) if f.name == "method_options" \
@@ -152,8 +163,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                               "paper's tables; fair: the fair-baselines study; sampling: models trained through "
                               "DQA, PT and Gibbs against exact; baselines: the strong-baselines study; "
                               "brackets-calibration: the bracket task's difficulty calibrated on softmax; "
-                              "brackets-hard: every mode on the chosen bracket setting, each at its own lr "
-                              "(default: %(default)s)")
+                              "brackets-hard: every mode on the chosen bracket setting, each at its own lr; "
+                              "realsize: softmax, h and h+J in nanoGPT's CPU configuration (default: %(default)s)")
     p_repro.add_argument("--field-bias", choices=sorted(studies.FIELD_BIASES),
                          default=studies.DEFAULT_FIELD_BIAS,
                          help=f"field bias of the Boltzmann modes (default {studies.DEFAULT_FIELD_BIAS}, "

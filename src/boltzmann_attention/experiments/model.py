@@ -48,7 +48,10 @@ class ModelConfig:
     n_layers: int = 1
     d_ff: int = 128                   # 0: no FFN (the paper's attention-only ablation)
     head: str = "lm"                  # lm | position
-    coupling: str = "full"            # full | relative
+    coupling: str = "full"            # full | relative | window
+    coupling_range: int | None = None  # relative: J = 0 beyond this distance (None: max_len - 1)
+    coupling_window: int | None = None  # window: the W coupled keys of each query (coupling 'window' only)
+    coupling_window_relative: bool = False  # window: J_ab = f(|a - b|) instead of a free (W, W) matrix
     coupling_init_std: float = 0.0
     field_bias_init: float | None = None  # None: -log(max_len) / 2
     learn_field_bias: bool = True
@@ -65,8 +68,10 @@ class Block(nn.Module):
         self.ln_attn = nn.LayerNorm(cfg.d_model)
         self.attn = BoltzmannAttention(
             cfg.d_model, cfg.n_heads, max_len=cfg.max_len, mode=cfg.mode, method=cfg.method, causal=True,
-            coupling=cfg.coupling, coupling_init_std=cfg.coupling_init_std, field_bias_init=cfg.field_bias_init,
-            learn_field_bias=cfg.learn_field_bias, method_options=cfg.method_options)
+            coupling=cfg.coupling, coupling_range=cfg.coupling_range, coupling_window=cfg.coupling_window,
+            coupling_window_relative=cfg.coupling_window_relative, coupling_init_std=cfg.coupling_init_std,
+            field_bias_init=cfg.field_bias_init, learn_field_bias=cfg.learn_field_bias,
+            method_options=cfg.method_options)
         self.ffn = None
         if cfg.d_ff > 0:
             self.ln_ffn = nn.LayerNorm(cfg.d_model)

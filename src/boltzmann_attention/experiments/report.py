@@ -89,8 +89,8 @@ def header_section(res: Results, results_dir: Path) -> list[str]:
     ]
     lines += [f"- Variant `{v}`: {text}" for v, text in _variant_settings(runs).items()]
     if resumed:
-        lines.append(f"- {plural(resumed, 'run')} resumed from a checkpoint; their wall time counts only the part "
-                     "after resuming")
+        lines.append(f"- {plural(resumed, 'run')} resumed from a checkpoint; their wall time sums every segment "
+                     "(train adds the time saved in the checkpoint), their steps_run counts only the last")
     if res.duplicates:
         lines.append(f"- Ignored duplicates: {', '.join(res.duplicates)}")
     return lines + excluded_lines(res) + [""]
@@ -260,6 +260,28 @@ def full_study_runs(out: Path, keep: Callable[[Run], bool]) -> Results | None:
 def demoted(lines: list[str]) -> list[str]:
     """Headings one level down, for a shared section placed inside a study's own section."""
     return ["#" + x if x.startswith("#") else x for x in lines]
+
+
+def lr_decision_notes(names, decided: dict, best_lr: dict, module: str) -> str:
+    """The line under a stage's learning-rate table: the names (modes, arms) not decided yet, those that
+    diverged at every lr, those whose best lr is at the grid's edge (the rule adds the next lr), and the
+    choices, with a reminder where ``module``'s BEST_LR differs. ``decided``: name -> (the rule's lr or None,
+    the lr to add beyond the edge or None)."""
+    missing = [n for n in names if n not in decided]
+    notes = [f"Not decided yet (runs missing): {', '.join(missing)}."] if missing else []
+    for name, (chosen, extra) in decided.items():
+        if chosen is None:
+            notes.append(f"{name}: every lr diverged.")
+        elif extra is not None:
+            notes.append(f"{name}: best at {chosen:g}, the grid's edge, so the rule adds lr {extra:g} "
+                         "(EXTRA_LEARNING_RATES; not run yet).")
+    best = {n: lr for n, (lr, extra) in decided.items() if lr is not None and extra is None}
+    if best:
+        differs = [n for n, lr in best.items() if best_lr.get(n) != lr]
+        notes.append("Chosen: " + ", ".join(f"{n} {lr:g}" for n, lr in best.items())
+                     + (f" (BEST_LR in {module} differs for {', '.join(differs)}: update it)" if differs else "")
+                     + ".")
+    return " ".join(notes)
 
 
 def claims_beside(header: list[str], before: list, after: list) -> str:

@@ -184,8 +184,9 @@ def _load_run(path: Path, text: str) -> Run:
     if d.get("couplings") is not None:
         J = np.asarray(d["couplings"], dtype=float)
         J = J[None] if J.ndim == 2 else J
-        if J.ndim != 3 or J.shape[1:] != (T, T):
-            raise ValueError(f"result file {path}: couplings have shape {J.shape}, expected (H, {T}, {T})")
+        n = int(cfg["coupling_window"]) if cfg.get("coupling") == "window" else T  # the window's J: by slot
+        if J.ndim != 3 or J.shape[1:] != (n, n):
+            raise ValueError(f"result file {path}: couplings have shape {J.shape}, expected (H, {n}, {n})")
         run.couplings = J
     return run
 

@@ -35,6 +35,8 @@ import numbers
 import os
 import pickle
 import re
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -50,13 +52,16 @@ from torch.nn.parallel import DistributedDataParallel
 from .. import ising
 from ..attention import MODES, BoltzmannAttention, parameter_groups
 from ..ising.annealing import MAX_SPINS as DQA_MAX_SPINS
+from ..ising.banded import MAX_BANDWIDTH as BANDED_MAX_BANDWIDTH
 from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
+from ..ising.meanfield import ConvergenceWarning
+from ..ising.window import MAX_SPINS as WINDOW_MAX_SPINS
 from ..provenance import machine_info
 from . import data as datasets
 from .model import INITS, Model, ModelConfig, loss_fn
 
 TASKS = ("shakespeare", "brackets")
-COUPLINGS = ("full", "relative")
+COUPLINGS = ("full", "relative", "window")
 CHECKPOINT_FORMAT = 2
 _MAGIC = b"boltzmann-attention checkpoint 2\n"  # then 64 hex digits of sha256(payload), a newline, the payload
 MAX_SEED = 2**53
@@ -67,10 +72,12 @@ FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 # them used. The default init became gpt2 on 2026-12-01 (the strong-baselines study: softmax's perplexity at
 # T = 8 and 12 is 3.5-4.1% lower with it); fused AdamW became the default the same day. The bracket task's
 # difficulty options (train_sequences .. deduplicate) came later still; their defaults are the old generator.
+# The coupling options (coupling_range, the window's) and the memory probe came with the real-size study.
 LEGACY_CONFIG = {"init": "torch", "beta2": 0.95, "fused_optimizer": False,
                  "train_sequences": datasets.SIZES[0], "min_fill": datasets.MIN_FILL,
                  "max_fill": datasets.MAX_FILL, "open_probability": datasets.OPEN_PROBABILITY,
-                 "deduplicate": False}
+                 "deduplicate": False, "coupling_range": None, "coupling_window": None,
+                 "coupling_window_relative": False, "memory_probe_steps": 0}
 # The bracket task's options: a Shakespeare run that changes one is refused (it would mean nothing).
 BRACKET_OPTIONS = ("num_fillers", "train_sequences", "min_fill", "max_fill", "open_probability", "deduplicate")
 
@@ -95,7 +102,10 @@ class TrainConfig:
     n_heads: int = 1
     n_layers: int = 1
     d_ff: int = 128                    # 0 removes the FFN
-    coupling: str = "full"
+    coupling: str = "full"             # full | relative | window
+    coupling_range: int | None = None  # relative: J = 0 beyond this distance (None: T - 1)
+    coupling_window: int | None = None  # window: the W coupled keys of each query (coupling 'window' only)
+    coupling_window_relative: bool = False  # window: J_ab = f(|a - b|) instead of a free (W, W) matrix
     coupling_init_std: float = 0.0
     coupling_lr_multiplier: float = 1.0  # lr of J and K relative to lr
     field_bias_init: float | None = None  # None: -log(T) / 2
@@ -112,6 +122,9 @@ class TrainConfig:
     max_fill: float = 1.0              # the filler density is 1 - 2p / T
     open_probability: float = 0.5      # the word opens with this probability where it may (higher: deeper)
     deduplicate: bool = False          # redraw validation and test sequences that occur in the training set
+    # Measurement, not training: n > 0 runs n training steps of this config in a fresh Python process before
+    # training and records that process's peak memory in the result ('memory'; see :func:`memory_probe`).
+    memory_probe_steps: int = 0
 
     def validate(self) -> None:
         """Raise ValueError for anything that would fail or train wrongly later, before any training.
@@ -128,7 +141,7 @@ class TrainConfig:
         _integer("seed", self.seed, 0, MAX_SEED - 1)
         for name, minimum in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("eval_interval", 1),
                               ("eval_windows", 1), ("d_model", 1), ("n_heads", 1), ("n_layers", 1), ("d_ff", 0),
-                              ("num_fillers", 1), ("train_sequences", 1)):
+                              ("num_fillers", 1), ("train_sequences", 1), ("memory_probe_steps", 0)):
             _integer(name, getattr(self, name), minimum)
         _number("lr", self.lr, above=0.0)
         _number("min_lr_ratio", self.min_lr_ratio, at_least=0.0, at_most=1.0)
@@ -138,7 +151,7 @@ class TrainConfig:
         _number("coupling_lr_multiplier", self.coupling_lr_multiplier, above=0.0)
         if self.field_bias_init is not None:
             _number("field_bias_init", self.field_bias_init)
-        for name in ("learn_field_bias", "fused_optimizer", "deduplicate"):
+        for name in ("learn_field_bias", "fused_optimizer", "deduplicate", "coupling_window_relative"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name, value in (("lr", self.lr), ("lr * coupling_lr_multiplier", self.lr * self.coupling_lr_multiplier)):
@@ -150,9 +163,10 @@ class TrainConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         _check_method_options(self.method, self.method_options)
+        self._check_coupling_options()
         limit = {"exact": self.method_options.get("max_spins", EXACT_MAX_SPINS), "reference": 20,
                  "dqa": DQA_MAX_SPINS}.get(self.method)
-        if self.mode not in ("softmax", "h") and limit is not None and self.T > limit:
+        if self.mode not in ("softmax", "h") and limit is not None and self.T > limit and self.coupling != "window":
             raise ValueError(f"T = {self.T} is beyond method {self.method!r}'s limit of {limit} spins; "
                              "use method='banded' (with coupling='relative'), 'meanfield' or 'tap'")
         if "K" in self.mode and self.method not in ("exact", "reference"):
@@ -173,13 +187,48 @@ class TrainConfig:
             warnings.warn(f"warmup_steps ({self.warmup_steps}) >= steps ({self.steps}): the learning rate never "
                           f"reaches lr and never decays", stacklevel=2)
 
+    def _check_coupling_options(self) -> None:
+        """coupling_range with 'relative' only (and within banded's bandwidth limit), the window's options with
+        'window' only, and the window with what computes it: mode h+J or J, method exact, W <= its limit."""
+        if self.coupling_range is not None:
+            if self.coupling != "relative":
+                raise ValueError(f"coupling_range applies to coupling='relative' only, got coupling={self.coupling!r}")
+            _integer("coupling_range", self.coupling_range, 0)
+        if self.coupling != "window":
+            for name, unset in (("coupling_window", None), ("coupling_window_relative", False)):
+                if getattr(self, name) != unset:
+                    raise ValueError(f"{name} applies to coupling='window' only, got coupling={self.coupling!r}")
+        if self.coupling == "relative" and self.method == "banded" and "J" in self.mode:
+            width = self.T - 1 if self.coupling_range is None else self.coupling_range
+            limit = self.method_options.get("max_bandwidth", BANDED_MAX_BANDWIDTH)
+            if width > limit:
+                raise ValueError(f"method 'banded' runs a chain of 2^w states for coupling range w = {width}"
+                                 f"{' (T - 1, the default)' if self.coupling_range is None else ''}, beyond its "
+                                 f"max_bandwidth {limit}; set coupling_range <= {limit}")
+        if self.coupling != "window":
+            return
+        if self.coupling_window is None:
+            raise ValueError("coupling='window' needs coupling_window=W, the number of coupled keys of each query")
+        _integer("coupling_window", self.coupling_window, 1)
+        if self.mode not in ("h+J", "J"):
+            raise ValueError(f"coupling='window' needs a mode with pairwise couplings and no three-body terms "
+                             f"('h+J' or 'J'), got mode {self.mode!r}")
+        if self.method != "exact":
+            raise ValueError(f"coupling='window' is computed by method 'exact' only, got method {self.method!r}")
+        limit = self.method_options.get("max_spins", WINDOW_MAX_SPINS)
+        if self.coupling_window > limit:
+            raise ValueError(f"coupling_window = {self.coupling_window} is beyond the window's limit of {limit} "
+                             "coupled spins (method_options max_spins)")
+
     def model_config(self, vocab_size: int) -> ModelConfig:
         return ModelConfig(
             vocab_size=vocab_size, max_len=self.T, mode=self.mode, method=self.method, d_model=self.d_model,
             n_heads=self.n_heads, n_layers=self.n_layers, d_ff=self.d_ff,
             head="lm" if self.task == "shakespeare" else "position", coupling=self.coupling,
-            coupling_init_std=self.coupling_init_std, field_bias_init=self.field_bias_init,
-            learn_field_bias=self.learn_field_bias, method_options=self.method_options, init=self.init)
+            coupling_range=self.coupling_range, coupling_window=self.coupling_window,
+            coupling_window_relative=self.coupling_window_relative, coupling_init_std=self.coupling_init_std,
+            field_bias_init=self.field_bias_init, learn_field_bias=self.learn_field_bias,
+            method_options=self.method_options, init=self.init)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -489,12 +538,8 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
         rank, world = dist.get_rank(), dist.get_world_size()
         if cfg.batch_size % world:
             raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the world size {world}")
-    task = Task(cfg)
-    torch.manual_seed(cfg.seed)
-    model = Model(cfg.model_config(task.vocab_size))
-    optimizer = build_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, cfg))
-    generator = torch.Generator().manual_seed(cfg.seed * 1000 + 1 + rank)
+    memory = memory_probe(cfg) if cfg.memory_probe_steps and rank == 0 else None
+    task, model, optimizer, scheduler, generator = setup_run(cfg, rank)
     start, history, elapsed = 0, [], 0.0
     if checkpoint and checkpoint.exists():
         start, history, elapsed = load_checkpoint(checkpoint, cfg, model, optimizer, scheduler, generator, rank,
@@ -504,22 +549,19 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     t0 = time.perf_counter()
     bar = _progress_bar(cfg, start, enabled=progress and rank == 0)
     stepped = False  # has this segment made an optimiser step (then a failure means divergence)
+    unconverged = Unconverged()
     for step in range(start, cfg.steps):
         x, y = task.batch(cfg.batch_size // world, generator)
         try:
-            loss = loss_fn(net(x), y)
-            if not torch.isfinite(loss):
-                raise ValueError(f"the training loss is {loss.item()}")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
+            with unconverged.watch("steps"):
+                loss = train_step(net, model, optimizer, x, y, cfg)
             stepped = True
             scheduler.step()
             done = step + 1
             if rank == 0 and (done % cfg.eval_interval == 0 or done == cfg.steps):
                 model.eval()
-                metrics = task.evaluate(model)
+                with unconverged.watch("evaluations"):
+                    metrics = task.evaluate(model)
                 model.train()
                 if not math.isfinite(metrics["loss"]):
                     raise ValueError(f"the validation loss is {metrics['loss']}")
@@ -547,12 +589,19 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     wall = elapsed + time.perf_counter() - t0
 
     model.eval()
+    with unconverged.watch("evaluations"):
+        final = task.evaluate(model)
     result = {"config": asdict(cfg), "seed": cfg.seed, "steps_run": cfg.steps - start, "wall_time_s": wall,
-              "threads": torch.get_num_threads(), "metrics": {"val": task.evaluate(model)}, "history": history,
+              "threads": torch.get_num_threads(), "metrics": {"val": final}, "history": history,
               **machine_info()}
+    if memory is not None:
+        result["memory"] = memory
     if cfg.task == "brackets":
-        result["metrics"]["test"] = task.evaluate(model, "test")
+        with unconverged.watch("evaluations"):
+            result["metrics"]["test"] = task.evaluate(model, "test")
         result["data"] = {f"{split}_in_train": v for split, v in task.data.in_train.items()}
+    if unconverged.found():
+        result["convergence"] = unconverged.summary()
     if cfg.method in ising.SAMPLED_METHODS and cfg.T <= EXACT_MAX_SPINS:
         # the same weights with exact marginals: what training through the sampler learned, apart from the
         # sampler's own behaviour (noise, and a non-Boltzmann distribution for dqa/sqa) at evaluation
@@ -562,12 +611,152 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
                 result["metrics"]["test_exact"] = task.evaluate(model, "test")
     attn = model.blocks[0].attn
     if attn.couplings is not None:
-        result["couplings"] = attn.couplings(cfg.T).detach().tolist()  # (H, T, T), first layer
+        result["couplings"] = attn.couplings(cfg.T).detach().tolist()  # (H, T, T), first layer; window: (H, W, W)
     if attn.field_bias is not None:
         result["field_bias"] = attn.field_bias.detach().tolist()
     if distributed:
         dist.barrier()
     return result if rank == 0 else None
+
+
+class Unconverged:
+    """Counts the training steps and the validation evaluations in which an iterative solver (mean field,
+    TAP) warned that it did not converge, instead of one warning per solve (thousands in a run): the counts
+    and the first and last messages go into the result ('convergence'), and one warning at the end says so.
+    An evaluation that did not converge is the approximation's loss, not the fixed point's. Other warnings
+    are passed on as they were. The counts cover this segment of a resumed run."""
+
+    def __init__(self):
+        self.unconverged = {"steps": 0, "evaluations": 0}
+        self.total = {"steps": 0, "evaluations": 0}
+        self.first = self.last = None
+
+    @contextmanager
+    def watch(self, kind: str):
+        """Watch one training step (``kind`` 'steps') or one evaluation ('evaluations')."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            yield
+        found = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+        for w in caught:
+            if not issubclass(w.category, ConvergenceWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        self.total[kind] += 1
+        if found:
+            self.unconverged[kind] += 1
+            self.first = self.first or str(found[0].message)
+            self.last = str(found[-1].message)
+
+    def found(self) -> bool:
+        return any(self.unconverged.values())
+
+    def summary(self) -> dict:
+        u, n = self.unconverged, self.total
+        warnings.warn(f"the marginals did not converge in {u['steps']} of {n['steps']} training steps and "
+                      f"{u['evaluations']} of {n['evaluations']} evaluations (first: {self.first}); the counts are "
+                      "in the result's 'convergence'", ConvergenceWarning, stacklevel=3)
+        return {"unconverged_steps": u["steps"], "steps": n["steps"], "unconverged_evaluations": u["evaluations"],
+                "evaluations": n["evaluations"], "first": self.first, "last": self.last}
+
+
+def setup_run(cfg: TrainConfig, rank: int = 0):
+    """The task, the model (initialised from cfg.seed), its optimiser and schedule, and the data generator
+    of process ``rank``."""
+    task = Task(cfg)
+    torch.manual_seed(cfg.seed)
+    model = Model(cfg.model_config(task.vocab_size))
+    optimizer = build_optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, cfg))
+    generator = torch.Generator().manual_seed(cfg.seed * 1000 + 1 + rank)
+    return task, model, optimizer, scheduler, generator
+
+
+def train_step(net, model: Model, optimizer, x: Tensor, y: Tensor, cfg: TrainConfig) -> Tensor:
+    """One optimiser step on the batch (x, y) (``net``: the model, or its DDP wrapper); returns the loss."""
+    loss = loss_fn(net(x), y)
+    if not torch.isfinite(loss):
+        raise ValueError(f"the training loss is {loss.item()}")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    return loss
+
+
+# ------------------------------------------------------------------------------------------ memory probe
+
+_PROBE = "from boltzmann_attention.experiments.train import _probe_main; _probe_main()"
+
+
+def memory_probe(cfg: TrainConfig, threads: int | None = None) -> dict:
+    """The memory that training ``cfg`` takes, measured in a fresh Python process.
+
+    The process builds the data, model and optimiser of ``cfg`` as a run does, then makes
+    ``cfg.memory_probe_steps`` training steps (at cfg.batch_size; no evaluation). Returned: its peak resident
+    set size (the high-water mark of that process alone, see :func:`_peak_rss_mib`), its RSS before the
+    first step (Linux: /proc/self/status; else None), their
+    difference (the steps' working memory: activations, gradients, optimiser state), in MiB, and how it
+    was measured. A fresh process per probe is what makes the peak belong to this config: a sweep's worker
+    runs many runs, and its high-water mark is that of the largest so far. ``threads``: torch threads of
+    the process (default: this process's). ValueError with the process's last output if it fails.
+    """
+    cfg.validate()
+    _integer("memory_probe_steps", cfg.memory_probe_steps, 1)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the boltzmann_attention package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    request = json.dumps({"config": asdict(cfg), "threads": threads or torch.get_num_threads()})
+    done = subprocess.run([sys.executable, "-c", _PROBE], input=request, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise ValueError(f"the memory probe of {cfg.memory_probe_steps} steps failed (exit {done.returncode}): "
+                         f"{done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _probe_main() -> None:
+    """The memory probe's process: reads {"config", "threads"} from stdin, prints the measurement as JSON."""
+    request = json.loads(sys.stdin.read())
+    torch.set_num_threads(request["threads"])
+    cfg = TrainConfig.from_dict(request["config"])
+    task, model, optimizer, _, generator = setup_run(cfg)
+    before = _rss_mib()
+    for _ in range(cfg.memory_probe_steps):
+        train_step(model, model, optimizer, *task.batch(cfg.batch_size, generator), cfg)
+    peak = _peak_rss_mib()
+    print(json.dumps({"peak_rss_mib": peak, "rss_before_steps_mib": before,
+                      "steps_mib": None if before is None else peak - before, "steps": cfg.memory_probe_steps,
+                      "batch_size": cfg.batch_size, "threads": torch.get_num_threads(),
+                      "how": "a fresh Python process: data, model and optimiser built as in a run, then the "
+                             "training steps (no evaluation); peak = the process's VmHWM"}))
+
+
+def _status_mib(field: str) -> float | None:
+    """A size from /proc/self/status (Linux), in MiB; None where it is missing."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) / 1024 if found else None
+
+
+def _rss_mib() -> float | None:
+    """This process's resident set size now (Linux), in MiB; None elsewhere."""
+    return _status_mib("VmRSS")
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident set size, in MiB: VmHWM on Linux, the high-water mark of this program's
+    address space. Not ru_maxrss: Linux carries that over fork and exec, so a child started by a large
+    process reports at least the parent's size (measured: a probe started by a process that had trained
+    a model read 501 MiB by ru_maxrss against 464 MiB by VmHWM). Elsewhere ru_maxrss (KiB on most systems,
+    bytes on macOS), with that caveat."""
+    peak = _status_mib("VmHWM")
+    if peak is not None:
+        return peak
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def _diverged(cfg: TrainConfig, step: int, model: Model, what: str) -> ValueError:

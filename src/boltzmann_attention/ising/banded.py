@@ -69,10 +69,12 @@ LINEAR_BLOCK = 4              # spins per block in the scaled-probability recurs
 LARGEST_WINDOW = 16           # cap on w + k, so that a block's coupling table has <= 2^16 entries
 CHUNK_ENTRIES = 2**18         # default chunk: this many entries per message (S states x queries)
 MESSAGE_BUDGET = 256 * 2**20  # bytes of forward messages kept per chunk; beyond it they are checkpointed
+MAX_BANDWIDTH = 16            # default max_bandwidth: the chain has 2^w states
 
 
 def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
-              bandwidth: int | None = None, max_bandwidth: int = 16, chunk_size: int | None = None) -> Tensor:
+              bandwidth: int | None = None, max_bandwidth: int = MAX_BANDWIDTH,
+              chunk_size: int | None = None) -> Tensor:
     """<s_j>, shaped like the broadcast of h with J and mask (..., n); 0 for absent spins.
 
     bandwidth: w such that J_jk = 0 for |j - k| > w (default: the smallest such w); max_bandwidth: the
@@ -90,7 +92,8 @@ def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None
 
 
 def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
-                  bandwidth: int | None = None, max_bandwidth: int = 16, chunk_size: int | None = None) -> Tensor:
+                  bandwidth: int | None = None, max_bandwidth: int = MAX_BANDWIDTH,
+              chunk_size: int | None = None) -> Tensor:
     """log Z of the present spins, shaped like the broadcast batch shape. Options as in :func:`marginals`."""
     w = _bandwidth(h, J, K, bandwidth, max_bandwidth, chunk_size)
     if is_empty(h, J, None, mask):

@@ -8,6 +8,8 @@
                  check (profile baselines)
     brackets.py  bracket matching with headroom: the difficulty calibrated on softmax (profile
                  brackets-calibration), and the mechanisms on the chosen setting (profile brackets-hard)
+    realsize.py  does J help in a real-size model: nanoGPT's CPU configuration, softmax, h and three h+J
+                 variants (coupled window, mean field, banded exact), T = 64 and 256 (profile realsize)
 
 A study module provides ``PROFILES`` ({profile name: grids(field_bias) -> list of Grid}), ``owns(results)``
 (whether a results folder is this study's) and ``report(results, results_dir, out) -> Markdown lines``.
@@ -20,14 +22,14 @@ from pathlib import Path
 
 from ..results import Results, load_runs, write_archive
 from ..sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS, Grid, field_bias_config
-from . import baselines, brackets, fair, paper, sampling
+from . import baselines, brackets, fair, paper, realsize, sampling
 
 __all__ = ["DEFAULT_FIELD_BIAS", "FIELD_BIASES", "PAPER_FIELD_BIAS", "PROFILES", "STUDIES", "profile",
            "study_of", "write_report"]
 
 # In the order of the CLI's profiles. A results folder's report is that of the first study after the default
 # (paper) that owns it, else the default's.
-STUDIES = (paper, fair, sampling, baselines, brackets)
+STUDIES = (paper, fair, sampling, baselines, brackets, realsize)
 DEFAULT_STUDY = paper
 
 PROFILES = tuple(name for study in STUDIES for name in study.PROFILES)

@@ -101,7 +101,7 @@ from pathlib import Path
 
 from ..data import CLOSE, BracketData, depths
 from ..plots import figure, finish
-from ..report import FULL_ARCHIVE, claims_beside, demoted, full_study_runs, header_section
+from ..report import FULL_ARCHIVE, claims_beside, demoted, full_study_runs, header_section, lr_decision_notes
 from ..results import Group, Results, load_runs
 from ..stats import paired, points, stat
 from ..sweep import Grid, with_field_bias
@@ -442,22 +442,8 @@ def learning_rate_section(res: Results, out: Path) -> list[str]:
              "the next lr beyond it. Bold: the rule's choice.", "",
              md_table(["mode", "lr", "validation accuracy (%)", "validation per-sequence (%)", "per seed (%)"],
                       rows), ""]
-    missing = [m for m in MODES if m not in decided]
-    notes = [f"Not decided yet (runs missing): {', '.join(missing)}."] if missing else []
-    for mode in decided:
-        chosen, extra = decided[mode]
-        if chosen is None:
-            notes.append(f"{mode}: every lr diverged.")
-        elif extra is not None:
-            notes.append(f"{mode}: best at {chosen:g}, the grid's edge, so the rule adds lr {extra:g} "
-                         "(EXTRA_LEARNING_RATES; not run yet).")
-    best = {m: lr for m, (lr, extra) in decided.items() if lr is not None and extra is None}
-    if best:
-        differs = {m: lr for m, lr in best.items() if BEST_LR.get(m) != lr}
-        notes.append("Chosen: " + ", ".join(f"{m} {lr:g}" for m, lr in best.items())
-                     + (f" (BEST_LR in studies/brackets.py differs for {', '.join(differs)}: update it)"
-                        if differs else "") + ".")
-    return lines + [" ".join(notes), ""] + _reproduction_lines(res, out)
+    return (lines + [lr_decision_notes(MODES, decided, BEST_LR, "studies/brackets.py"), ""]
+            + _reproduction_lines(res, out))
 
 
 CALIBRATION_ARCHIVE = Path("brackets-calibration") / "runs.jsonl.gz"  # beside this report's folder
