@@ -61,6 +61,7 @@ from . import data as datasets
 from .model import INITS, Model, ModelConfig, loss_fn
 
 TASKS = ("shakespeare", "brackets")
+ITERATIVE_METHODS = ("meanfield", "tap")  # the methods that can warn ConvergenceWarning
 COUPLINGS = ("full", "relative", "window")
 CHECKPOINT_FORMAT = 2
 _MAGIC = b"boltzmann-attention checkpoint 2\n"  # then 64 hex digits of sha256(payload), a newline, the payload
@@ -549,7 +550,7 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     t0 = time.perf_counter()
     bar = _progress_bar(cfg, start, enabled=progress and rank == 0)
     stepped = False  # has this segment made an optimiser step (then a failure means divergence)
-    unconverged = Unconverged()
+    unconverged = Unconverged(enabled=cfg.method in ITERATIVE_METHODS)
     for step in range(start, cfg.steps):
         x, y = task.batch(cfg.batch_size // world, generator)
         try:
@@ -624,9 +625,11 @@ class Unconverged:
     TAP) warned that it did not converge, instead of one warning per solve (thousands in a run): the counts
     and the first and last messages go into the result ('convergence'), and one warning at the end says so.
     An evaluation that did not converge is the approximation's loss, not the fixed point's. Other warnings
-    are passed on as they were. The counts cover this segment of a resumed run."""
+    are passed on as they were. The counts cover this segment of a resumed run. Only the iterative methods
+    warn so; for the others (``enabled`` False) ``watch`` does nothing, keeping the training step free of it."""
 
-    def __init__(self):
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
         self.unconverged = {"steps": 0, "evaluations": 0}
         self.total = {"steps": 0, "evaluations": 0}
         self.first = self.last = None
@@ -634,6 +637,9 @@ class Unconverged:
     @contextmanager
     def watch(self, kind: str):
         """Watch one training step (``kind`` 'steps') or one evaluation ('evaluations')."""
+        if not self.enabled:
+            yield
+            return
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConvergenceWarning)
             yield
