@@ -640,3 +640,25 @@ def test_unconverged_mean_field_is_counted_per_step_and_warned_once():
     assert "did not converge" in result["convergence"]["first"]
     weak = train(replace(cfg, coupling_init_std=0.0, method_options={}), progress=False)
     assert "convergence" not in weak
+
+
+def test_only_the_iterative_methods_are_watched_for_convergence():
+    """The watch is on for exactly the methods with an ``on_fail`` option (mean field, TAP); off, it records
+    nothing and lets a ConvergenceWarning through as Python would."""
+    from boltzmann_attention import ising
+    from boltzmann_attention.experiments.train import Unconverged
+    from boltzmann_attention.ising.meanfield import ConvergenceWarning
+
+    assert ising.ITERATIVE_METHODS == {"meanfield", "tap"}
+    off = Unconverged(enabled=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with off.watch("steps"):
+            warnings.warn("did not converge", ConvergenceWarning, stacklevel=2)
+    assert [w.category for w in caught] == [ConvergenceWarning] and not off.found()
+    on = Unconverged()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with on.watch("steps"):
+            warnings.warn("did not converge", ConvergenceWarning, stacklevel=2)
+    assert not caught and on.found()

@@ -61,7 +61,6 @@ from . import data as datasets
 from .model import INITS, Model, ModelConfig, loss_fn
 
 TASKS = ("shakespeare", "brackets")
-ITERATIVE_METHODS = ("meanfield", "tap")  # the methods that can warn ConvergenceWarning
 COUPLINGS = ("full", "relative", "window")
 CHECKPOINT_FORMAT = 2
 _MAGIC = b"boltzmann-attention checkpoint 2\n"  # then 64 hex digits of sha256(payload), a newline, the payload
@@ -550,7 +549,7 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     t0 = time.perf_counter()
     bar = _progress_bar(cfg, start, enabled=progress and rank == 0)
     stepped = False  # has this segment made an optimiser step (then a failure means divergence)
-    unconverged = Unconverged(enabled=cfg.method in ITERATIVE_METHODS)
+    unconverged = Unconverged(enabled=cfg.method in ising.ITERATIVE_METHODS)
     for step in range(start, cfg.steps):
         x, y = task.batch(cfg.batch_size // world, generator)
         try:

@@ -50,7 +50,7 @@ from ._inputs import check_inputs, check_int, empty_result, is_empty
 from .dimod_adapter import DimodSampler
 
 __all__ = ["marginals", "log_partition", "validate_options", "METHODS", "OPTIONS", "SAMPLED_METHODS",
-           "DimodSampler", "toeplitz", "window"]
+           "ITERATIVE_METHODS", "DimodSampler", "toeplitz", "window"]
 
 
 def _tap(fn: Callable) -> Callable:
@@ -97,6 +97,10 @@ OPTIONS: dict[str, frozenset] = {
     "sqa": _keyword_options(sqa.sqa_marginals),
 }
 _DIMOD_OPTIONS = _keyword_options(DimodSampler.marginals)
+
+# fixed-point methods, which can fail to converge: the ones whose ``on_fail`` option decides between a
+# meanfield.ConvergenceWarning and a ConvergenceError
+ITERATIVE_METHODS = frozenset(name for name, options in OPTIONS.items() if "on_fail" in options)
 
 
 def validate_options(method, options: dict) -> None:
