@@ -142,7 +142,8 @@ def test_grid_section_reads_the_paper_tables(tmp_path):
 
 
 def test_fair_section_pairs_each_setting(tmp_path):
-    """Stage 6: the J settings compare h+J with stage 5's h; a bias setting with its own h."""
+    """Stage 6: the J settings compare h+J with stage 5's h; a bias setting with its own h; every setting is
+    also paired with the same mode at stage 5's default; both metrics get their tables."""
     steps = baselines.GRID_STEPS
     for seed in range(3):
         for mode, lr in baselines.BEST_LR.items():
@@ -153,12 +154,23 @@ def test_fair_section_pairs_each_setting(tmp_path):
                       variant=baselines.variant("gpt2", baselines.BEST_LR[mode], steps) + "-bias-fixed-0",
                       val=shakespeare_val((7.7 if mode == "h" else 7.0) + 0.01 * seed), init="gpt2",
                       lr=baselines.BEST_LR[mode], steps=steps, learn_field_bias=False, field_bias_init=0.0)
+        last_as_default = shakespeare_val(7.0 + 0.01 * seed)["ppl_last"]  # jlr3: better over all positions only
         write_run(tmp_path, "shakespeare", 12, "h+J", seed,
                   variant=baselines.variant("gpt2", baselines.BEST_LR["h+J"], steps) + "-jlr3",
-                  val=shakespeare_val(6.93 + 0.01 * seed), init="gpt2", steps=steps, coupling_lr_multiplier=3.0)
+                  val={**shakespeare_val(6.93 + 0.01 * seed), "ppl_last": last_as_default}, init="gpt2",
+                  steps=steps, coupling_lr_multiplier=3.0)
     text = write_report(tmp_path, tmp_path / "rep").read_text()
-    rows = {line.split("|")[1].strip(): line.split("|") for line in text.splitlines()
-            if line.startswith(("| bias-", "| jlr"))}
-    assert rows["bias-fixed-0"][-2].strip().startswith("+9.0")   # h+J 7.0 against its own h at 7.7
-    assert rows["jlr3"][-2].strip().startswith("+1.0")           # 6.93 against stage 5's h at 7.0
-    assert rows["bias-learn-half-log-T (stage 5)"][-2].strip().startswith("+0.00")
+    section = text[text.index("## 6. The fair study"):]
+    tables = [[line.split("|") for line in block.splitlines() if line.startswith(("| bias-", "| jlr"))]
+              for block in section.split("\n\n") if "| setting |" in block]
+    assert len(tables) == 4  # per metric: against softmax and h, against the default setting
+    (soft_all, default_all, soft_last, default_last) = ({r[1].strip(): r for r in t} for t in tables)
+    assert soft_all["bias-fixed-0"][-2].strip().startswith("+9.0")   # h+J 7.0 against its own h at 7.7
+    assert soft_all["jlr3"][-2].strip().startswith("+1.0")           # 6.93 against stage 5's h at 7.0
+    assert soft_all["bias-learn-half-log-T (stage 5)"][-2].strip().startswith("+0.00")
+    assert default_all["bias-fixed-0"][2].strip().startswith("-9.99")  # h 7.7 against the default's 7.0
+    assert default_all["jlr3"][3].strip().startswith("+1.0")           # h+J 6.93 against 7.0
+    assert default_all["jlr3"][2].strip() == ""                        # h has no jlr3 run
+    assert soft_last["jlr3"][-2].strip().startswith("+0.00")           # the last position read from ppl_last
+    assert default_last["jlr3"][3].strip().startswith("+0.00")
+    assert "stage 5" not in "".join(default_all)                     # the default is not paired with itself

@@ -415,27 +415,39 @@ def grid_section(res: Results, out: Path) -> list[str]:
 # ---------------------------------------------------------------------------- stage 6: the fair study redone
 
 def fair_section(res: Results) -> list[str]:
-    """Per setting of stage 6: each mode's perplexity, against softmax and (h+J) against h, paired over seeds;
+    """Per setting of stage 6 and per metric (all positions, last position): each mode's perplexity, against
+    softmax and (h+J) against h, and against the same mode at stage 5's default setting, paired over seeds;
     nothing until a stage-6 run exists."""
-    def values(mode: str, suffix: str) -> dict[int, float]:
-        return _values(_get(res, FAIR_T, mode, variant(CHOSEN_INIT, BEST_LR[mode], GRID_STEPS) + suffix))
+    def values(mode: str, suffix: str, metric: str = "ppl") -> dict[int, float]:
+        return _values(_get(res, FAIR_T, mode, variant(CHOSEN_INIT, BEST_LR[mode], GRID_STEPS) + suffix), metric)
 
     settings = fair_variants()
     if not any(values(m, suffix) for suffix, (_, _, modes) in settings.items() if suffix for m in modes):
         return []
-    soft, h_default = values("softmax", ""), values("h", "")
-    cells = []
-    for suffix, (_, _, modes) in settings.items():
-        found = {m: values(m, suffix) if m in modes else {} for m in FAIR_MODES}
-        h = found["h"] if "h" in modes else h_default
-        row = [suffix.lstrip("-") or f"bias-{DEFAULT_FIELD_BIAS} (stage 5)"]
-        row += [fmt_stat(stat(found[m].values())) if found[m] else "" for m in FAIR_MODES]
-        row += [paired(soft, found[m], relative) if found[m] and soft else None for m in FAIR_MODES]
-        cells.append(row + [paired(h, found["h+J"], relative) if h and found["h+J"] else None])
-    return ["## 6. The fair study under the strong recipe", "",
-            f"T = {FAIR_T}, {GRID_STEPS} steps, each mode at its best lr; validation perplexity (all positions), "
-            "mean ± std over seeds; Δ% paired over seeds against stage 5's softmax, and what J adds (h+J against "
-            "h of the same setting; for the J settings, against stage 5's h), positive = better; `*` p < 0.05, "
-            "`**` also after a Holm correction over the table.", "",
-            table_with_holm(["setting"] + [f"{m} PPL" for m in FAIR_MODES]
-                            + [f"{m} vs softmax, Δ%" for m in FAIR_MODES] + ["h+J vs h, Δ%"], cells), ""]
+    lines = ["## 6. The fair study under the strong recipe", "",
+             f"T = {FAIR_T}, {GRID_STEPS} steps, each mode at its best lr; validation perplexity, mean ± std over "
+             "seeds; Δ% paired over seeds, positive = better: against stage 5's softmax, what J adds (h+J against "
+             "h of the same setting; for the J settings, against stage 5's h), and each setting against the same "
+             "mode at stage 5's default setting (field bias "
+             f"`{DEFAULT_FIELD_BIAS}`, J's lr multiplier 1, J = 0 at init); `*` p < 0.05, `**` also after a Holm "
+             "correction over the table.", ""]
+    for metric, name in (("ppl", "all positions"), ("ppl_last", "last position")):
+        soft, default = values("softmax", "", metric), {m: values(m, "", metric) for m in FAIR_MODES}
+        against_softmax, against_default = [], []
+        for suffix, (_, _, modes) in settings.items():
+            found = {m: values(m, suffix, metric) if m in modes else {} for m in FAIR_MODES}
+            h = found["h"] if "h" in modes else default["h"]
+            label = suffix.lstrip("-") or f"bias-{DEFAULT_FIELD_BIAS} (stage 5)"
+            row = [label] + [fmt_stat(stat(found[m].values())) if found[m] else "" for m in FAIR_MODES]
+            row += [paired(soft, found[m], relative) if found[m] and soft else None for m in FAIR_MODES]
+            against_softmax.append(row + [paired(h, found["h+J"], relative) if h and found["h+J"] else None])
+            if suffix:
+                against_default.append([label] + [paired(default[m], found[m], relative)
+                                                  if found[m] and default[m] else None for m in FAIR_MODES])
+        lines += [f"### {name.capitalize()}", "",
+                  table_with_holm(["setting"] + [f"{m} PPL" for m in FAIR_MODES]
+                                  + [f"{m} vs softmax, Δ%" for m in FAIR_MODES] + ["h+J vs h, Δ%"],
+                                  against_softmax), "",
+                  f"Each setting against stage 5's default setting, same mode ({name}):", "",
+                  table_with_holm(["setting"] + [f"{m}, Δ%" for m in FAIR_MODES], against_default), ""]
+    return lines
