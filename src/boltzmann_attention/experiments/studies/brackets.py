@@ -182,10 +182,13 @@ FFN_SETTINGS = (True, False)  # with the FFN (d_ff 128), without it (d_ff 0)
 # ABLATION[mode]: the same mode without its last coupling, the comparison that says what that coupling adds.
 ABLATION = {"h+J": "h", "h+K": "h", "h+J+K": "h+J"}
 
-# The decisions of stage 1 (see the report for the measurement behind each); empty until the rule is applied.
-EXTRA_LEARNING_RATES: dict[str, tuple[float, ...]] = {}  # mode -> lrs added beyond the grid's edge
+# The decisions of stage 1 (see the report for the measurement behind each). The grid's 54 runs (2026-12-01,
+# 34 min with --jobs 2): softmax best at 3e-3 (inside the grid: decided); h, h+J, h+K and h+J+K best at 1e-3
+# and J at 1e-2, the grid's edges, so the rule adds 3e-4 and 3e-2 for them.
+EXTRA_LEARNING_RATES: dict[str, tuple[float, ...]] = {  # mode -> lrs added beyond the grid's edge
+    "h": (3e-4,), "J": (3e-2,), "h+J": (3e-4,), "h+K": (3e-4,), "h+J+K": (3e-4,)}
 DIVERGED: dict[str, tuple[float, ...]] = {}              # mode -> lrs at which a stage-1 run diverged
-BEST_LR: dict[str, float] = {}                           # mode -> lr
+BEST_LR: dict[str, float] = {"softmax": 3e-3}            # mode -> lr
 
 
 def chosen_setting() -> Setting:
