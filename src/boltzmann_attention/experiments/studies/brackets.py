@@ -184,8 +184,8 @@ ABLATION = {"h+J": "h", "h+K": "h", "h+J+K": "h+J"}
 
 # The decisions of stage 1 (see the report for the measurement behind each). The grid's 54 runs (2026-12-01,
 # 34 min with --jobs 2): softmax best at 3e-3 (inside the grid: decided); h, h+J, h+K and h+J+K best at 1e-3
-# and J at 1e-2, the grid's edges, so the rule adds 3e-4 and 3e-2 for them; their 15 runs (12 min) put the
-# best at the new edge again (3e-4; J 3e-2), so the rule adds 1e-4 and 1e-1; their 15 runs (12 min) leave every
+# and J at 1e-2, the grid's edges, so the rule adds 3e-4 and 3e-2 for them; their 15 runs (about 10 min) put the
+# best at the new edge again (3e-4; J 3e-2), so the rule adds 1e-4 and 1e-1; their 15 runs (about 10 min) leave every
 # best inside its lrs: h, h+J, h+K, h+J+K at 3e-4, J at 3e-2 (decided).
 EXTRA_LEARNING_RATES: dict[str, tuple[float, ...]] = {  # mode -> lrs added beyond the grid's edge
     "h": (3e-4, 1e-4), "J": (3e-2, 1e-1), "h+J": (3e-4, 1e-4), "h+K": (3e-4, 1e-4), "h+J+K": (3e-4, 1e-4)}
