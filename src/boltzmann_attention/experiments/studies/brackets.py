@@ -182,14 +182,14 @@ FFN_SETTINGS = (True, False)  # with the FFN (d_ff 128), without it (d_ff 0)
 # ABLATION[mode]: the same mode without its last coupling, the comparison that says what that coupling adds.
 ABLATION = {"h+J": "h", "h+K": "h", "h+J+K": "h+J"}
 
-# The decisions of stage 1 (see the report for the measurement behind each). The grid's 54 runs (2026-12-01,
-# 34 min with --jobs 2): softmax best at 3e-3 (inside the grid: decided); h, h+J, h+K and h+J+K best at 1e-3
-# and J at 1e-2, the grid's edges, so the rule adds 3e-4 and 3e-2 for them; their 15 runs (about 10 min) put the
-# best at the new edge again (3e-4; J 3e-2), so the rule adds 1e-4 and 1e-1; their 15 runs (about 10 min) leave every
-# best inside its lrs: h, h+J, h+K, h+J+K at 3e-4, J at 3e-2 (decided).
+# The decisions of stage 1 (the report has the measurement behind each), 2026-12-01, --jobs 2:
+# - the grid's 54 runs (34 min): softmax best at 3e-3, inside the grid (decided); h, h+J, h+K, h+J+K best at
+#   1e-3 and J at 1e-2, the grid's edges, so the rule adds 3e-4 and 3e-2;
+# - those 15 runs (about 10 min): the best at the new edge again, so the rule adds 1e-4 and 1e-1;
+# - those 15 runs (about 10 min): every best inside its lrs (h, h+J, h+K, h+J+K 3e-4; J 3e-2): decided.
 EXTRA_LEARNING_RATES: dict[str, tuple[float, ...]] = {  # mode -> lrs added beyond the grid's edge
     "h": (3e-4, 1e-4), "J": (3e-2, 1e-1), "h+J": (3e-4, 1e-4), "h+K": (3e-4, 1e-4), "h+J+K": (3e-4, 1e-4)}
-DIVERGED: dict[str, tuple[float, ...]] = {}              # mode -> lrs at which a stage-1 run diverged
+DIVERGED: dict[str, tuple[float, ...]] = {}  # mode -> lrs at which a stage-1 run diverged
 BEST_LR: dict[str, float] = {  # mode -> lr
     "softmax": 3e-3, "h": 3e-4, "J": 3e-2, "h+J": 3e-4, "h+K": 3e-4, "h+J+K": 3e-4}
 
