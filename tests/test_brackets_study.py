@@ -112,7 +112,9 @@ def test_stage_two_grid_follows_the_design(monkeypatch):
     listed = [(name, cfg) for grid in profile("brackets-hard") for name, cfg in grid.runs()]
     stage1 = listed[:6 * 3 * 3 + 3]
     assert {(c.mode, c.lr) for _, c in stage1 if c.lr == 3e-2} == {("J", 3e-2)}
-    stage2 = listed[len(stage1):]
+    stage3 = [(n, c) for grid in brackets.noffn_check_grids() for n, c in grid.runs()]
+    assert stage3 == listed[len(listed) - len(stage3):]  # stage 3 runs last
+    stage2 = listed[len(stage1):len(listed) - len(stage3)]
     for _, c in stage2:
         c.validate()
         assert _options(c) == CHOSEN_OPTIONS and c.lr == BEST[c.mode] and c.d_ff in (0, 128)
@@ -129,6 +131,37 @@ def test_stage_two_grid_follows_the_design(monkeypatch):
     monkeypatch.setattr(brackets, "BEST_LR", {"softmax": 3e-3})
     partial = [c for grid in brackets.experiment_grids() for _, c in grid.runs()]
     assert {c.mode for c in partial} == {"softmax"} and len(partial) == 4 * 5 * 2
+
+
+def test_stage_three_checks_the_lr_without_the_ffn(monkeypatch):
+    monkeypatch.setattr(brackets, "BEST_LR", BEST)
+    runs = [(n, c) for grid in brackets.noffn_check_grids() for n, c in grid.runs()]
+    assert {(c.T, c.d_ff, c.steps) for _, c in runs} == {(16, 0, 4000)} and all(_options(c) == CHOSEN_OPTIONS
+                                                                              for _, c in runs)
+    assert sorted((c.mode, c.lr, c.seed) for _, c in runs) == sorted(
+        (m, lr, s) for m, lrs in (("softmax", (1e-3, 3e-3, 1e-2)), ("h", (1e-3, 3e-3, 1e-2)),
+                                  ("J", (3e-3, 1e-2, 3e-2)), ("h+J", (1e-3, 3e-3, 1e-2)))
+        for lr in lrs for s in range(3))
+    stage2 = {n for grid in brackets.experiment_grids() for n, _ in grid.runs()}
+    assert len({n for n, _ in runs} - stage2) == 4 * 2 * 3  # the runs at BEST_LR are stage 2's
+
+
+def test_stage_three_report_applies_the_rule(tmp_path, monkeypatch):
+    monkeypatch.setattr(brackets, "BEST_LR", BEST)
+    val = {("softmax", 1e-3): 0.93, ("softmax", 3e-3): 0.94, ("softmax", 1e-2): 0.90,
+           ("h", 1e-3): 0.85, ("h", 3e-3): 0.88, ("h", 1e-2): 0.92}  # h's best is not stage 1's lr
+    for (mode, lr), acc in val.items():
+        for seed in range(3):
+            v = {**brackets_metrics(acc + 0.01 * seed), "accuracy_sequence": acc - 0.3}
+            t = {**brackets_metrics(acc - 0.02 + 0.01 * seed), "accuracy_sequence": acc - 0.4}
+            write_run(tmp_path, "brackets", 16, mode, seed, variant=brackets.hard_variant(lr, ffn=False), val=v,
+                      test=t, lr=lr, d_ff=0, **CHOSEN_OPTIONS)
+    text = "\n".join(brackets.noffn_check_section(Results(load_runs(tmp_path))))
+    assert "| softmax | **0.003 (stage 1's)** | 95.00 ± 1.00 (n=3) |" in text
+    assert "| h | 0.003 (stage 1's) | 89.00 ± 1.00 (n=3) |" in text and "| h | **0.01** | 93.00 ± 1.00 (n=3) |" in text
+    h = text.split("Test set at the rule's lr", 1)[1]
+    assert "| h | 0.01 | 91.00 ± 1.00 (n=3) |" in h and "-2.00 [-2.00, -2.00]" in h  # paired, seed by seed
+    assert "| J |" not in text  # no runs, no row
 
 
 @pytest.mark.parametrize("scores, diverged, chosen", [

@@ -62,6 +62,13 @@ sets and the data order of every mode). The chosen setting keeps its 300 trainin
    seed within a T (both FFN settings of a seed before the next seed), so that paired comparisons complete
    early; at T = 16 with the FFN, seeds 0-2 at the chosen lr are stage 1's runs (the same names). No run of
    this stage is listed until its mode's lr is in `BEST_LR`.
+3. Post hoc, added on 2026-12-01 after stage 2's results were seen: without the FFN softmax led every
+   sigmoid mode at T = 16 (h by 6.7 points), the reverse of the FFN's ranking, at lrs chosen with the FFN.
+   The question is whether that is the lr: softmax, h, J and h+J without the FFN at T = 16, seeds 0-2, at
+   their `BEST_LR` and half a decade either side (12 runs each beyond stage 2's; about 30 min of one core).
+   Stage 1's rule on validation accuracy, without extension. The report gives the rule's choice and the test
+   accuracy there (3 seeds) against softmax at its choice. It is a check of stage 2's lr; stage 2's results
+   stand as they were planned, whatever it finds.
 
 The report: stage 1's table with the rule applied; per FFN setting, per T, each mode's test accuracy over
 closing brackets and its per-sequence accuracy (every closing bracket of the sequence right), the difference
@@ -181,6 +188,7 @@ LONG_MODES = ("softmax", "h", "J", "h+J")  # what T = 20's budget affords (see t
 FFN_SETTINGS = (True, False)  # with the FFN (d_ff 128), without it (d_ff 0)
 # ABLATION[mode]: the same mode without its last coupling, the comparison that says what that coupling adds.
 ABLATION = {"h+J": "h", "h+K": "h", "h+J+K": "h+J"}
+NOFFN_CHECK_MODES = ("softmax", "h", "J", "h+J")  # stage 3 (post hoc): the lr check without the FFN
 
 # The decisions of stage 1 (the report has the measurement behind each), 2026-12-01, --jobs 2:
 # - the grid's 54 runs (34 min): softmax best at 3e-3, inside the grid (decided); h, h+J, h+K, h+J+K best at
@@ -230,9 +238,22 @@ def experiment_grids() -> list[Grid]:
                     for mode in LONG_MODES if mode in BEST_LR]
 
 
+def noffn_check_lrs(mode: str) -> tuple[float, ...]:
+    """Stage 3's lrs for ``mode``: its BEST_LR and the lr half a decade on either side."""
+    lr = BEST_LR[mode]
+    return beyond(lr, up=False), lr, beyond(lr, up=True)
+
+
+def noffn_check_grids() -> list[Grid]:
+    """Stage 3 (post hoc), seed by seed: NOFFN_CHECK_MODES without the FFN at T = 16 at noffn_check_lrs (the
+    runs at BEST_LR are stage 2's)."""
+    return [_hard_grid(LR_T, mode, seed, lr, ffn=False) for seed in LR_SEEDS for mode in NOFFN_CHECK_MODES
+            if mode in BEST_LR for lr in noffn_check_lrs(mode)]
+
+
 def hard_grids(field_bias: str) -> list[Grid]:
-    """Both stages (see the docstring); ``field_bias`` sets the Boltzmann modes' field bias."""
-    return with_field_bias(learning_rate_grids() + experiment_grids(), field_bias)
+    """The three stages (see the docstring); ``field_bias`` sets the Boltzmann modes' field bias."""
+    return with_field_bias(learning_rate_grids() + experiment_grids() + noffn_check_grids(), field_bias)
 
 
 PROFILES = {"brackets-calibration": calibration_grids, "brackets-hard": hard_grids}
@@ -400,9 +421,10 @@ def edge_extension(mode: str, lr: float) -> float | None:
     return None
 
 
-def _lr_values(res: Results, mode: str, lr: float, metric: str) -> dict[int, float]:
-    g = res.get("brackets", hard_variant(lr), LR_T, mode, "exact")
-    return {s: v for s, v in (g.values(metric, "val") if g else {}).items() if s in LR_SEEDS}
+def _lr_values(res: Results, mode: str, lr: float, metric: str, ffn: bool = True,
+               split: str = "val") -> dict[int, float]:
+    g = res.get("brackets", hard_variant(lr, ffn), LR_T, mode, "exact")
+    return {s: v for s, v in (g.values(metric, split) if g else {}).items() if s in LR_SEEDS}
 
 
 def decide_learning_rates(res: Results) -> dict[str, tuple[float | None, float | None]]:
@@ -588,6 +610,49 @@ def easy_section(view: Results, out: Path) -> list[str]:
             "learned J):", "", claims_beside(["easy", CHOSEN], then, now), ""]
 
 
+# ---------------------------------------------------------------------- report of the experiments (stage 3)
+
+def noffn_check_section(res: Results) -> list[str]:
+    """Stage 3: validation accuracy without the FFN at each checked mode's lrs (stage 1's rule applied, no
+    extension beyond them), then test accuracy at the rule's lr against softmax at its rule's lr, seeds 0-2."""
+    rows, chosen = [], {}
+    for mode in NOFFN_CHECK_MODES:
+        if mode not in BEST_LR:
+            continue
+        values = {lr: (_lr_values(res, mode, lr, "accuracy", ffn=False),
+                       _lr_values(res, mode, lr, "accuracy_sequence", ffn=False)) for lr in noffn_check_lrs(mode)}
+        if all(len(acc) == len(LR_SEEDS) for acc, _ in values.values()):
+            chosen[mode] = choose_lr({lr: (statistics.mean(a.values()), statistics.mean(q.values()) if q else math.nan)
+                                      for lr, (a, q) in values.items()})
+        for lr, (acc, seq) in values.items():
+            if acc:
+                name = f"{lr:g}" + (" (stage 1's)" if lr == BEST_LR[mode] else "")
+                rows.append([mode, f"**{name}**" if chosen.get(mode) == lr else name, _percent(stat(acc.values())),
+                             _percent(stat(seq.values())), ", ".join(f"{100 * acc[k]:.2f}" for k in sorted(acc))])
+    if not rows:
+        return []
+    lines = ["## Stage 3 (post hoc): the learning rate without the FFN", "",
+             f"Added after stage 2's results without the FFN were seen (see the docstring). T = {LR_T} without the "
+             f"FFN, validation set, seeds {', '.join(map(str, LR_SEEDS))}, each mode at its stage-1 lr and half a "
+             "decade either side; stage 1's rule, no extension beyond these lrs. Bold: the rule's choice.", "",
+             md_table(["mode", "lr", "validation accuracy (%)", "validation per-sequence (%)", "per seed (%)"], rows),
+             ""]
+    if "softmax" not in chosen:
+        return lines
+    soft = {k: _lr_values(res, "softmax", chosen["softmax"], k, ffn=False, split="test") for k, _ in METRICS}
+    cells = []
+    for mode, lr in chosen.items():
+        mine = {k: _lr_values(res, mode, lr, k, ffn=False, split="test") for k, _ in METRICS}
+        cells.append([mode, f"{lr:g}", *(_percent(stat(mine[k].values())) for k, _ in METRICS),
+                      *((paired(soft[k], mine[k], points) if mode != "softmax" else None) for k, _ in METRICS)])
+    return lines + [f"Test set at the rule's lr without the FFN (seeds {', '.join(map(str, LR_SEEDS))}), paired "
+                    "with softmax at its rule's lr; Holm marks as in stage 2. Three seeds chosen on the same seeds' "
+                    "validation sets: a check of stage 2's lr, not a result in its place.", "",
+                    table_with_holm(["mode", "lr", *(t for _, t in METRICS), "vs softmax, Δ pts",
+                                     "per-sequence vs softmax, Δ pts"], cells, {4: "accuracy", 5: "sequence"}), ""]
+
+
 def hard_sections(res: Results, out: Path) -> list[str]:
     view = grid_view(res)
-    return learning_rate_section(res, out) + results_section(view) + claims_section(view) + easy_section(view, out)
+    return (learning_rate_section(res, out) + results_section(view) + noffn_check_section(res)
+            + claims_section(view) + easy_section(view, out))
