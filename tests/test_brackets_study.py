@@ -135,6 +135,7 @@ def test_stage_two_grid_follows_the_design(monkeypatch):
 
 def test_stage_three_checks_the_lr_without_the_ffn(monkeypatch):
     monkeypatch.setattr(brackets, "BEST_LR", BEST)
+    monkeypatch.setattr(brackets, "NOFFN_CHECK_EXTRA", {})
     runs = [(n, c) for grid in brackets.noffn_check_grids() for n, c in grid.runs()]
     assert {(c.T, c.d_ff, c.steps) for _, c in runs} == {(16, 0, 4000)} and all(_options(c) == CHOSEN_OPTIONS
                                                                               for _, c in runs)
@@ -144,10 +145,13 @@ def test_stage_three_checks_the_lr_without_the_ffn(monkeypatch):
         for lr in lrs for s in range(3))
     stage2 = {n for grid in brackets.experiment_grids() for n, _ in grid.runs()}
     assert len({n for n, _ in runs} - stage2) == 4 * 2 * 3  # the runs at BEST_LR are stage 2's
+    monkeypatch.setattr(brackets, "NOFFN_CHECK_EXTRA", {"softmax": (3e-2,)})  # an extension beyond an edge
+    assert brackets.noffn_check_lrs("softmax") == (1e-3, 3e-3, 1e-2, 3e-2)
 
 
 def test_stage_three_report_applies_the_rule(tmp_path, monkeypatch):
     monkeypatch.setattr(brackets, "BEST_LR", BEST)
+    monkeypatch.setattr(brackets, "NOFFN_CHECK_EXTRA", {})
     val = {("softmax", 1e-3): 0.93, ("softmax", 3e-3): 0.94, ("softmax", 1e-2): 0.90,
            ("h", 1e-3): 0.85, ("h", 3e-3): 0.88, ("h", 1e-2): 0.92}  # h's best is not stage 1's lr
     for (mode, lr), acc in val.items():
@@ -162,6 +166,7 @@ def test_stage_three_report_applies_the_rule(tmp_path, monkeypatch):
     h = text.split("Test set at the rule's lr", 1)[1]
     assert "| h | 0.01 | 91.00 ± 1.00 (n=3) |" in h and "-2.00 [-2.00, -2.00]" in h  # paired, seed by seed
     assert "| J |" not in text  # no runs, no row
+    assert "not bracketed: h 0.01." in text  # softmax's best is inside its lrs
 
 
 @pytest.mark.parametrize("scores, diverged, chosen", [

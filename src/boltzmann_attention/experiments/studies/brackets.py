@@ -66,7 +66,8 @@ sets and the data order of every mode). The chosen setting keeps its 300 trainin
    sigmoid mode at T = 16 (h by 6.7 points), the reverse of the FFN's ranking, at lrs chosen with the FFN.
    The question is whether that is the lr: softmax, h, J and h+J without the FFN at T = 16, seeds 0-2, at
    their `BEST_LR` and half a decade either side (12 runs each beyond stage 2's; about 30 min of one core).
-   Stage 1's rule on validation accuracy, without extension. The report gives the rule's choice and the test
+   Stage 1's rule on validation accuracy, without extension (but see NOFFN_CHECK_EXTRA: every best landed at
+   an edge, and one extension was added, as stage 1 does). The report gives the rule's choice and the test
    accuracy there (3 seeds) against softmax at its choice. It is a check of stage 2's lr; stage 2's results
    stand as they were planned, whatever it finds.
 
@@ -189,6 +190,9 @@ FFN_SETTINGS = (True, False)  # with the FFN (d_ff 128), without it (d_ff 0)
 # ABLATION[mode]: the same mode without its last coupling, the comparison that says what that coupling adds.
 ABLATION = {"h+J": "h", "h+K": "h", "h+J+K": "h+J"}
 NOFFN_CHECK_MODES = ("softmax", "h", "J", "h+J")  # stage 3 (post hoc): the lr check without the FFN
+# Stage 3's first 24 runs (7.5 min, --jobs 2) put every mode's best at an edge of its three lrs, so, as in
+# stage 1, the next lr beyond that edge is added (decided before any of these runs):
+NOFFN_CHECK_EXTRA: dict[str, tuple[float, ...]] = {"softmax": (3e-2,), "h": (3e-3,), "J": (3e-3,), "h+J": (3e-3,)}
 
 # The decisions of stage 1 (the report has the measurement behind each), 2026-12-01, --jobs 2:
 # - the grid's 54 runs (34 min): softmax best at 3e-3, inside the grid (decided); h, h+J, h+K, h+J+K best at
@@ -239,9 +243,10 @@ def experiment_grids() -> list[Grid]:
 
 
 def noffn_check_lrs(mode: str) -> tuple[float, ...]:
-    """Stage 3's lrs for ``mode``: its BEST_LR and the lr half a decade on either side."""
+    """Stage 3's lrs for ``mode``: its BEST_LR, the lr half a decade on either side and those in
+    NOFFN_CHECK_EXTRA, in increasing order."""
     lr = BEST_LR[mode]
-    return beyond(lr, up=False), lr, beyond(lr, up=True)
+    return tuple(sorted({beyond(lr, up=False), lr, beyond(lr, up=True), *NOFFN_CHECK_EXTRA.get(mode, ())}))
 
 
 def noffn_check_grids() -> list[Grid]:
@@ -615,7 +620,7 @@ def easy_section(view: Results, out: Path) -> list[str]:
 def noffn_check_section(res: Results) -> list[str]:
     """Stage 3: validation accuracy without the FFN at each checked mode's lrs (stage 1's rule applied, no
     extension beyond them), then test accuracy at the rule's lr against softmax at its rule's lr, seeds 0-2."""
-    rows, chosen = [], {}
+    rows, chosen, edges = [], {}, []
     for mode in NOFFN_CHECK_MODES:
         if mode not in BEST_LR:
             continue
@@ -624,6 +629,8 @@ def noffn_check_section(res: Results) -> list[str]:
         if all(len(acc) == len(LR_SEEDS) for acc, _ in values.values()):
             chosen[mode] = choose_lr({lr: (statistics.mean(a.values()), statistics.mean(q.values()) if q else math.nan)
                                       for lr, (a, q) in values.items()})
+            if chosen[mode] in (min(values), max(values)):
+                edges.append(f"{mode} {chosen[mode]:g}")
         for lr, (acc, seq) in values.items():
             if acc:
                 name = f"{lr:g}" + (" (stage 1's)" if lr == BEST_LR[mode] else "")
@@ -634,9 +641,12 @@ def noffn_check_section(res: Results) -> list[str]:
     lines = ["## Stage 3 (post hoc): the learning rate without the FFN", "",
              f"Added after stage 2's results without the FFN were seen (see the docstring). T = {LR_T} without the "
              f"FFN, validation set, seeds {', '.join(map(str, LR_SEEDS))}, each mode at its stage-1 lr and half a "
-             "decade either side; stage 1's rule, no extension beyond these lrs. Bold: the rule's choice.", "",
+             "decade either side, and the lrs added beyond an edge (NOFFN_CHECK_EXTRA); stage 1's rule. Bold: the "
+             "rule's choice.", "",
              md_table(["mode", "lr", "validation accuracy (%)", "validation per-sequence (%)", "per seed (%)"], rows),
              ""]
+    if edges:
+        lines += [f"Best at the edge of the lrs run, so the best lr is not bracketed: {', '.join(edges)}.", ""]
     if "softmax" not in chosen:
         return lines
     soft = {k: _lr_values(res, "softmax", chosen["softmax"], k, ffn=False, split="test") for k, _ in METRICS}
