@@ -38,7 +38,7 @@ CHOSEN, with the FFN and without it (``d_ff = 0``), 4000 steps at batch 64, init
 other setting as in the calibration; seeds paired across modes (a seed fixes the initialisation, the data
 sets and the data order of every mode). The chosen setting keeps its 300 training sequences at every T (seed
 0's validation sequences found in them before de-duplication: 1.6% at T = 8, 0.15% at T = 12, none at 16 and
-20). Two stages, each decided by a rule written here before any of its runs:
+20). Three stages, the first two decided by rules written here before any of their runs, the third post hoc:
 
 1. Each mode's learning rate: every lr of `LEARNING_RATES` (1e-3, 3e-3, 1e-2) at T = 16 with the FFN, seeds
    0, 1, 2. Rule: per mode, the lr with the highest mean *validation* accuracy over closing brackets (over
