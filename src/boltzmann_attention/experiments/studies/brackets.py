@@ -65,9 +65,9 @@ sets and the data order of every mode). The chosen setting keeps its 300 trainin
 3. Post hoc, added on 2026-12-01 after stage 2's results were seen: without the FFN softmax led every
    sigmoid mode at T = 16 (h by 6.7 points), the reverse of the FFN's ranking, at lrs chosen with the FFN.
    The question is whether that is the lr: softmax, h, J and h+J without the FFN at T = 16, seeds 0-2, at
-   their `BEST_LR` and half a decade either side (12 runs each beyond stage 2's; about 30 min of one core).
-   Stage 1's rule on validation accuracy, without extension (but see NOFFN_CHECK_EXTRA: every best landed at
-   an edge, and one extension was added, as stage 1 does). The report gives the rule's choice and the test
+   their `BEST_LR` and half a decade either side, then, as in stage 1, the next lr beyond a best at an edge
+   (`NOFFN_CHECK_EXTRA`; three extensions for h+J; 45 runs in all, 17 min with ``--jobs 2``). Stage 1's rule
+   on validation accuracy. The report gives the rule's choice and the test
    accuracy there (3 seeds) against softmax at its choice. It is a check of stage 2's lr; stage 2's results
    stand as they were planned, whatever it finds.
 
@@ -455,6 +455,12 @@ def decide_learning_rates(res: Results) -> dict[str, tuple[float | None, float |
     return out
 
 
+def _lr_row(mode: str, lr: str, bold: bool, acc: dict, seq: dict, diverged: bool = False) -> list[str]:
+    """A row of an lr table: mode, lr (bold when chosen), both validation accuracies, accuracy per seed."""
+    return [mode, f"**{lr}**" if bold else lr, "diverged" if diverged else _percent(stat(acc.values())),
+            _percent(stat(seq.values())), ", ".join(f"{100 * acc[k]:.2f}" for k in sorted(acc))]
+
+
 def learning_rate_section(res: Results, out: Path) -> list[str]:
     decided = decide_learning_rates(res)
     rows = []
@@ -465,9 +471,7 @@ def learning_rate_section(res: Results, out: Path) -> list[str]:
             if not acc and not diverged:
                 continue
             bold = decided.get(mode, (None,))[0] == lr
-            rows.append([mode, f"**{lr:g}**" if bold else f"{lr:g}",
-                         "diverged" if diverged else _percent(stat(acc.values())), _percent(stat(seq.values())),
-                         ", ".join(f"{100 * acc[k]:.2f}" for k in sorted(acc))])
+            rows.append(_lr_row(mode, f"{lr:g}", bold, acc, seq, diverged))
     if not rows:
         return []
     lines = ["## Stage 1: each mode's learning rate", "",
@@ -621,8 +625,9 @@ def easy_section(view: Results, out: Path) -> list[str]:
 # ---------------------------------------------------------------------- report of the experiments (stage 3)
 
 def noffn_check_section(res: Results) -> list[str]:
-    """Stage 3: validation accuracy without the FFN at each checked mode's lrs (stage 1's rule applied, no
-    extension beyond them), then test accuracy at the rule's lr against softmax at its rule's lr, seeds 0-2."""
+    """Stage 3: validation accuracy without the FFN at each checked mode's lrs (stage 1's rule applied; a best
+    at the edge of the lrs run is named), then test accuracy at the rule's lr against softmax at its rule's
+    lr, seeds 0-2."""
     rows, chosen, edges = [], {}, []
     for mode in NOFFN_CHECK_MODES:
         if mode not in BEST_LR:
@@ -637,8 +642,7 @@ def noffn_check_section(res: Results) -> list[str]:
         for lr, (acc, seq) in values.items():
             if acc:
                 name = f"{lr:g}" + (" (stage 1's)" if lr == BEST_LR[mode] else "")
-                rows.append([mode, f"**{name}**" if chosen.get(mode) == lr else name, _percent(stat(acc.values())),
-                             _percent(stat(seq.values())), ", ".join(f"{100 * acc[k]:.2f}" for k in sorted(acc))])
+                rows.append(_lr_row(mode, name, chosen.get(mode) == lr, acc, seq))
     if not rows:
         return []
     lines = ["## Stage 3 (post hoc): the learning rate without the FFN", "",
