@@ -1,13 +1,15 @@
 """Issue 14 §1-2: the coupled window and Toeplitz mean field / TAP against mode h, module level, fwd+bwd.
 
     PYTHONPATH=src python report/window/bench.py [--threads 1 2] [--repeats 5] [--T 1024] [--B 8] [--W 16]
+                                                 [--no-accuracy]
 
 Every row is a BoltzmannAttention layer (projections included), causal, one head, d_model 64, float32, on
 the same x; a step is forward, sum of the output, backward. The layers run alternately in one process
 (warm-up step first, then `repeats` rounds of one step each), so the load of other processes hits all
 rows alike; the table gives the median step time and its ratio to mode h at the same thread count.
-Then, for mean field and TAP (relative couplings, range 8): the forward / backward iteration counts and
-residuals, and the error of the weights against method 'banded' (exact) at the same J, weak and strong.
+Mean field and TAP (relative couplings, range 8) run with each solver setting of `SOLVERS` (damped at the
+default 0.5 and undamped; Anderson). Then their forward / backward iteration counts and residuals, and the
+error of the weights against method 'banded' (exact) at the same J, weak to strong.
 
     PYTHONPATH=src python report/window/bench.py --banded [--banded-baseline COMMIT] --threads 1 --repeats 2
 
@@ -34,6 +36,9 @@ from boltzmann_attention.ising import toeplitz
 from boltzmann_attention.provenance import machine_info
 
 RANGE = 8
+# the mean-field / TAP solver settings compared: label -> method_options
+SOLVERS = {"damping 0.5": {"damping": 0.5}, "damping 0": {"damping": 0.0},
+           "anderson": {"solver": "anderson", "damping": 0.0}}
 
 
 def layers(T: int, W: int, d_model: int = 64) -> dict[str, BoltzmannAttention]:
@@ -46,9 +51,9 @@ def layers(T: int, W: int, d_model: int = 64) -> dict[str, BoltzmannAttention]:
         f"h+J window W={W}, relative (exact)": BoltzmannAttention(
             d_model, 1, max_len=T, coupling="window", coupling_window=W, coupling_window_relative=True,
             coupling_init_std=0.1),
-        **{f"h+J relative range {RANGE}, {method} (damping {damping:g})": BoltzmannAttention(
+        **{f"h+J relative range {RANGE}, {method} ({label})": BoltzmannAttention(
             d_model, 1, max_len=T, coupling="relative", coupling_range=RANGE, method=method, coupling_init_std=0.1,
-            method_options={"damping": damping}) for method in ("meanfield", "tap") for damping in (0.5, 0.0)},
+            method_options=options) for method in ("meanfield", "tap") for label, options in SOLVERS.items()},
     }
 
 
@@ -131,7 +136,7 @@ def iterations(T: int, B: int) -> list[str]:
     return lines
 
 
-def accuracy(T: int, stds=(0.05, 0.2)) -> list[str]:
+def accuracy(T: int, stds=(0.05, 0.2, 0.3)) -> list[str]:
     """max and mean |a - a_banded| over the causal weights, B = 1, h = q.k / 8 - 1, J_d = std * N(0, 1)."""
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(2)
@@ -145,8 +150,8 @@ def accuracy(T: int, stds=(0.05, 0.2)) -> list[str]:
                                            is_causal=True, bias=-1.0, return_weights=True,
                                            method_options={"bandwidth": RANGE})
             for method in ("meanfield", "tap"):
-                for damping in (0.5, 0.0):
-                    options = {"damping": damping, "on_fail": "ignore"}
+                for label, solver in SOLVERS.items():
+                    options = {**solver, "on_fail": "ignore"}
                     _, w = boltzmann_attention(q, k, v, couplings=toeplitz.Toeplitz(profile), method=method,
                                                is_causal=True, bias=-1.0, return_weights=True, method_options=options)
                     _, infos = toeplitz.causal_marginals(q @ k.transpose(-1, -2) / 8 - 1.0,
@@ -154,7 +159,7 @@ def accuracy(T: int, stds=(0.05, 0.2)) -> list[str]:
                                                          tap=method == "tap", **options)
                     converged = sum(float(i.converged.float().sum()) for i in infos) / T
                     err = (w - exact).abs()[..., causal]
-                    lines.append(f"| {std:g} | {method} | {damping:g} | {max(i.iterations for i in infos)} | "
+                    lines.append(f"| {std:g} | {method} | {label} | {max(i.iterations for i in infos)} | "
                                  f"{converged:.0%} | {float(err.max()):.1e} | {float(err.mean()):.1e} |")
     return lines
 
@@ -168,6 +173,7 @@ def main() -> None:
     p.add_argument("--W", type=int, default=16)
     p.add_argument("--banded", action="store_true", help="only mode h and the banded exact layer (issue 14 §3)")
     p.add_argument("--banded-baseline", metavar="COMMIT", help="with --banded: also banded.py at COMMIT")
+    p.add_argument("--no-accuracy", action="store_true", help="skip the error table against banded exact")
     a = p.parse_args()
     info = machine_info()
     load = os.getloadavg()[0]
@@ -188,10 +194,12 @@ def main() -> None:
           "row chunks\n")
     print("| layer | forward iterations | residual | backward iterations | residual |\n|---|---:|---:|---:|---:|")
     print("\n".join(iterations(a.T, a.B)))
+    if a.no_accuracy:
+        return
     print(f"\nWeights against method 'banded' (exact) at the same J, T = {a.T}, B = 1, h = q.k / 8 - 1 "
           f"(q, k ~ N(0, 1)), J_d = std N(0, 1) for d <= {RANGE}; iterations (max 500) and the share of "
           f"queries that reached tol 1e-6\n")
-    print("| coupling std | method | damping | iterations | converged | max error | mean error |\n"
+    print("| coupling std | method | solver | iterations | converged | max error | mean error |\n"
           "|---|---|---:|---:|---:|---:|---:|")
     print("\n".join(accuracy(a.T)))
 

@@ -21,11 +21,20 @@ The naive value is a lower bound on log Z for *any* m (Gibbs' variational princi
 distribution); the TAP value is a second-order (Plefka) expansion and is not a bound. For couplings of
 size eps the marginals' error is O(eps^2) for naive and O(eps^3) for TAP.
 
-Solver: the damped fixed-point iteration m <- (1 - damping) F(m) + damping m, started at tanh(h) and
-stopped when max_j |F(m) - m| < tol for every query (tol at least the machine epsilon of the inputs' dtype).
-The value returned is F(m) at the last iterate.
+Solvers (option ``solver``), both started at m = tanh(h) and stopped when max_j |F(m) - m| < tol for every
+query (tol at least the machine epsilon of the inputs' dtype); the value returned is F(m) at the last iterate:
+
+* ``"damped"`` (default): the fixed-point iteration m <- (1 - damping) F(m) + damping m.
+* ``"anderson"``: Anderson acceleration (Walker & Ni, SIAM J. Numer. Anal. 49, 2011) with the last
+  ``anderson_memory`` steps, per query: with residuals r = F(m) - m and the differences dR, dF of the
+  stored steps, gamma = argmin |r - dR gamma| (a regularised m x m solve per query) and
+  m <- (F(m) - dF gamma) - damping (r - dR gamma), clipped to [-1, 1]. On a linear map this is GMRES in
+  disguise; it converges where the damped iteration oscillates or crawls (strong couplings), in a few
+  more vector operations per step. Same fixed points (the equations are the solver's only input).
+
 Cost O(iterations * n^2) per query (two n x n products per iteration for TAP, O(n^3) with K); all
-queries sharing J go through one batched GEMM per iteration, J is never copied per query.
+queries sharing J go through one batched GEMM per iteration, J is never copied per query. Anderson adds
+about 4 * anderson_memory * n per query and step, and keeps 2 * anderson_memory vectors per query.
 
 Convergence is NOT guaranteed. F is a contraction when the couplings are weak (roughly
 max_j sum_k |J_jk| < 1); dense strong or frustrated couplings can make the undamped iteration
@@ -37,10 +46,10 @@ residual and the iteration count and returns the last iterate, "raise" raises :c
 
 Gradients (implicit, never by unrolling the loop): the iteration runs without autograd. For the
 marginals, with A = dF/dm at the fixed point m*, dm*/dtheta = (I - A)^{-1} dF/dtheta, so a backward
-pass with incoming gradient g solves the adjoint system lambda = g + A^T lambda (by the same damped
-iteration, on vector-Jacobian products, with the same damping / tol (relative to max|g|) / max_iter /
-on_fail; its iteration matrix is the transpose of the forward one, so it converges when the forward
-iteration converges linearly), then returns lambda^T dF/dtheta. For log Z, Phi is stationary in m at
+pass with incoming gradient g solves the adjoint system lambda = g + A^T lambda (by the same solver,
+on vector-Jacobian products, with the same damping / tol (relative to max|g|) / max_iter / on_fail; its
+iteration matrix is the transpose of the forward one, so it converges when the forward iteration
+converges linearly), then returns lambda^T dF/dtheta. For log Z, Phi is stationary in m at
 the fixed point (dPhi/dm_j = field_j - atanh(m_j) = 0 is exactly the fixed-point equation), so
 dPhi(m*(theta), theta)/dtheta = dPhi/dtheta at fixed m: autograd differentiates Phi with m detached
 (d/dh = m, d/dJ_jk = m_j m_k / 2 plus the Onsager part). Both are exact at an exact fixed point and off
@@ -65,6 +74,7 @@ from ._inputs import check_inputs, check_int, check_real, group_queries
 __all__ = ["marginals", "log_partition", "solve", "SolveInfo", "ConvergenceWarning", "ConvergenceError"]
 
 _ON_FAIL = ("warn", "raise", "ignore")
+SOLVERS = ("damped", "anderson")
 
 
 class ConvergenceWarning(RuntimeWarning):
@@ -96,9 +106,11 @@ class _Settings:
     tol: float
     max_iter: int
     on_fail: str
+    solver: str
+    anderson_memory: int
 
 
-def _settings(tap, damping, tol, max_iter, on_fail, K, h=None) -> _Settings:
+def _settings(tap, damping, tol, max_iter, on_fail, K, h=None, solver="damped", anderson_memory=5) -> _Settings:
     """The validated options. A tol below the machine epsilon of h's dtype is raised to it (float16: 9.8e-4,
     bfloat16: 7.8e-3): no smaller residual can be resolved in that precision."""
     if not isinstance(tap, bool):
@@ -108,13 +120,16 @@ def _settings(tap, damping, tol, max_iter, on_fail, K, h=None) -> _Settings:
     max_iter = check_int("max_iter", max_iter, 1)
     if not isinstance(on_fail, str) or on_fail not in _ON_FAIL:
         raise ValueError(f"on_fail must be one of {_ON_FAIL}, got {on_fail!r}")
+    if not isinstance(solver, str) or solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    anderson_memory = check_int("anderson_memory", anderson_memory, 1)
     if tap and K is not None:
         raise ValueError("tap supports pairwise couplings only (K must be None); use method 'meanfield' "
                          "for three-body couplings")
     dtype = getattr(h, "dtype", None)
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         tol = max(tol, torch.finfo(dtype).eps)
-    return _Settings(tap, damping, tol, max_iter, on_fail)
+    return _Settings(tap, damping, tol, max_iter, on_fail, solver, anderson_memory)
 
 
 def _report(what: str, residual: float, iterations: int, settings: _Settings, failed: str) -> None:
@@ -170,38 +185,91 @@ def _max_abs(x: Tensor) -> Tensor:
 
 
 def _iterate(h: Tensor, c: _Couplings, mask: Tensor | None, s: _Settings):
-    """Damped forward iteration (no autograd). Returns (F(m) at the last iterate, residual (G, Q), its)."""
+    """The forward iteration (no autograd). Returns (F(m) at the last iterate, residual (G, Q), its)."""
     m = torch.tanh(h) if mask is None else torch.tanh(h) * mask
-    return damped_iteration(lambda m: _fixed_point_map(m, h, c, mask), m, s)
+    return fixed_point(lambda m: _fixed_point_map(m, h, c, mask), m, s, lambda r: r < s.tol, magnetisation=True)
 
 
-def damped_iteration(step, m: Tensor, s) -> tuple[Tensor, Tensor, int]:
-    """m <- (1 - damping) step(m) + damping m from ``m`` until every query's residual max |step(m) - m| is
-    below ``s.tol`` or after ``s.max_iter`` steps. Returns (step(m) at the last iterate, residual, steps)."""
+def fixed_point(step, x: Tensor, s, done, magnetisation: bool = False) -> tuple[Tensor, Tensor, int]:
+    """Iterate towards x = step(x) with ``s.solver`` from ``x`` (..., n) until ``done(residual)`` holds for
+    every query, residual = max |step(x) - x| over the last axis, or after ``s.max_iter`` steps. Returns
+    (step(x) at the last iterate, residual (...), steps). ``magnetisation``: the iterates are clipped to
+    [-1, 1] (Anderson's extrapolation can leave the box; tanh never does)."""
+    if s.solver == "anderson":
+        return _anderson(step, x, s, done, magnetisation)
     iterations = 0
     while True:
-        f = step(m)
+        f = step(x)
         iterations += 1
-        residual = _max_abs(f - m)
-        if iterations == s.max_iter or bool((residual < s.tol).all()):
+        residual = _max_abs(f - x)
+        if iterations == s.max_iter or bool(done(residual).all()):
             return f, residual, iterations
-        m = torch.lerp(f, m, s.damping)  # (1 - damping) f + damping m
+        x = torch.lerp(f, x, s.damping)  # (1 - damping) f + damping x
 
 
-def _adjoint(vjp, g: Tensor, s: _Settings) -> Tensor:
-    """Solve lambda = g + A^T lambda by the damped iteration; vjp(v) = A^T v."""
+def _anderson(step, x: Tensor, s, done, clip: bool) -> tuple[Tensor, Tensor, int]:
+    """Anderson acceleration (type II) with ``s.anderson_memory`` stored steps per query; see the module
+    docstring. The Gram matrix of the stored residual differences is updated one row per step and solved
+    in float64 with a relative Tikhonov term (1e-10 of its largest diagonal), so a query without history
+    (all differences 0) takes the damped step; a failed solve also falls back to it. Safeguard: a query
+    whose residual grew in a step forgets its history (restart)."""
+    M = s.anderson_memory
+    f = step(x)
+    r = f - x
+    residual, iterations = _max_abs(r), 1
+    lead, n = r.shape[:-1], r.shape[-1]
+    dR = r.new_zeros(*lead, M, n)  # ring buffers of the last M differences of residuals and of step(x)
+    dF = r.new_zeros(*lead, M, n)
+    gram = torch.zeros(*lead, M, M, dtype=torch.float64, device=r.device)
+    eye = torch.eye(M, dtype=torch.float64, device=r.device)
+    stored = 0
+    while not (iterations == s.max_iter or bool(done(residual).all())):
+        if stored:
+            m = min(stored, M)
+            R, Fd = dR[..., :m, :], dF[..., :m, :]
+            rhs = torch.einsum("...mn,...n->...m", R, r).double().unsqueeze(-1)  # (..., m, 1)
+            G = gram[..., :m, :m]
+            scale = G.diagonal(dim1=-2, dim2=-1).amax(-1, keepdim=True).unsqueeze(-1)
+            gamma, info = torch.linalg.solve_ex(G + (1e-10 * scale + 1e-300) * eye[:m, :m], rhs)
+            gamma = torch.where((info == 0)[..., None, None] & gamma.isfinite(), gamma, 0.0).to(r.dtype)[..., 0]
+            x = f - torch.einsum("...mn,...m->...n", Fd, gamma)  # F(x) - dF gamma
+            if s.damping:
+                x = x - s.damping * (r - torch.einsum("...mn,...m->...n", R, gamma))  # - damping (r - dR gamma)
+        else:
+            x = torch.lerp(f, x, s.damping)
+        if clip:
+            x = x.clamp_(-1.0, 1.0)
+        f_new = step(x)
+        r_new = f_new - x
+        iterations += 1
+        residual_new = _max_abs(r_new)
+        grew = residual_new > residual  # the extrapolation did not help: forget this query's history
+        if stored and bool(grew.any()):
+            for buffer in (dR, dF, gram):
+                buffer[grew] = 0.0
+        slot = stored % M
+        dR[..., slot, :] = r_new - r
+        dF[..., slot, :] = f_new - f
+        stored += 1
+        m = min(stored, M)
+        row = torch.einsum("...mn,...n->...m", dR[..., :m, :], dR[..., slot, :]).double()
+        gram[..., slot, :m] = row
+        gram[..., :m, slot] = row
+        f, r, residual = f_new, r_new, residual_new
+    return f, residual, iterations
+
+
+def _adjoint(vjp, g: Tensor, s: _Settings, what: str = "mean-field adjoint (backward) iteration"
+             ) -> tuple[Tensor, Tensor, int]:
+    """Solve lambda = g + A^T lambda with the forward's solver; vjp(v) = A^T v. Reports a failure.
+    Returns (lambda, residual (...), iterations)."""
     bound = s.tol * _max_abs(g)
-    lam = g
-    for _ in range(s.max_iter):
-        new = g + vjp(lam)
-        residual = _max_abs(new - lam)
-        if bool((residual <= bound).all()):
-            return new
-        lam = torch.lerp(new, lam, s.damping)
-    failed = int((residual > bound).sum())
-    _report("mean-field adjoint (backward) iteration", float(residual.max()), s.max_iter, s,
-            f"{failed} of {residual.numel()} queries")
-    return new
+    lam, residual, its = fixed_point(lambda v: g + vjp(v), g, s, lambda r: r <= bound)
+    if not bool((residual <= bound).all()):
+        failed = int((residual > bound).sum())
+        _report(what, float(residual.max()), its, s,
+                f"{failed} of {residual.numel()} queries")
+    return lam, residual, its
 
 
 class _ImplicitFixedPoint(torch.autograd.Function):
@@ -229,7 +297,7 @@ class _ImplicitFixedPoint(torch.autograd.Function):
                 out = torch.autograd.grad(f, z, v, retain_graph=True, allow_unused=True)[0]
                 return torch.zeros_like(v) if out is None else out
 
-            lam = grad if (J is None and K is None) else _adjoint(vjp, grad, s)
+            lam = grad if (J is None and K is None) else _adjoint(vjp, grad, s)[0]
             inputs = [p for p, w in zip(params, wanted, strict=True) if w]
             grads = iter(torch.autograd.grad(f, inputs, lam, allow_unused=True)) if inputs else iter(())
         out = [next(grads) if w else None for w in wanted]
@@ -256,14 +324,14 @@ def _run(h, J, K, mask, s: _Settings):
 
 def solve(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, mask: Tensor | None = None, *,
           tap: bool = False, damping: float = 0.5, tol: float = 1e-6, max_iter: int = 500,
-          on_fail: str = "warn") -> tuple[Tensor, SolveInfo]:
+          on_fail: str = "warn", solver: str = "damped", anderson_memory: int = 5) -> tuple[Tensor, SolveInfo]:
     """Magnetisations m (broadcast batch shape, n) and a :class:`SolveInfo`. Inputs are validated.
 
     h: (..., n); J: (..., n, n) or None; K: (..., n, n, n) or None (naive only); mask: (..., n) bool
     or None. Batch dimensions broadcast. m is differentiable in h, J and K (implicit gradients).
     """
     check_inputs(h, J, K, mask)
-    s = _settings(tap, damping, tol, max_iter, on_fail, K, h)
+    s = _settings(tap, damping, tol, max_iter, on_fail, K, h, solver, anderson_memory)
     g, fmask, m, residual, its = _run(h, J, K, mask, s)
     m = _ImplicitFixedPoint.apply(m, g.h, g.J, g.K, fmask, s)
     info = SolveInfo(iterations=its,
@@ -273,22 +341,23 @@ def solve(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, mask: Ten
 
 
 def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *, tap: bool = False,
-              damping: float = 0.5, tol: float = 1e-6, max_iter: int = 500, on_fail: str = "warn") -> Tensor:
+              damping: float = 0.5, tol: float = 1e-6, max_iter: int = 500, on_fail: str = "warn",
+              solver: str = "damped", anderson_memory: int = 5) -> Tensor:
     """Mean-field (or TAP) magnetisations, shape of the broadcast (..., n). See the module docstring."""
-    s = _settings(tap, damping, tol, max_iter, on_fail, K, h)
+    s = _settings(tap, damping, tol, max_iter, on_fail, K, h, solver, anderson_memory)
     g, fmask, m, _, _ = _run(h, J, K, mask, s)
     return g.ungroup(_ImplicitFixedPoint.apply(m, g.h, g.J, g.K, fmask, s))
 
 
 def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *, tap: bool = False,
                   damping: float = 0.5, tol: float = 1e-6, max_iter: int = 500,
-                  on_fail: str = "warn") -> Tensor:
+                  on_fail: str = "warn", solver: str = "damped", anderson_memory: int = 5) -> Tensor:
     """Variational log Z at the fixed point (naive: a lower bound; TAP: with the Onsager term).
 
     Shape: the broadcast batch shape. Differentiated with m held fixed, which is exact at a fixed point
     because the estimate is stationary in m there (see the module docstring).
     """
-    s = _settings(tap, damping, tol, max_iter, on_fail, K, h)
+    s = _settings(tap, damping, tol, max_iter, on_fail, K, h, solver, anderson_memory)
     g, fmask, m, _, _ = _run(h, J, K, mask, s)  # m carries no graph
     c = _Couplings.build(g.J, g.K, s.tap)
     p, q = 0.5 * (1.0 + m), 0.5 * (1.0 - m)

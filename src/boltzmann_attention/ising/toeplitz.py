@@ -10,16 +10,17 @@ computed in blocks of P spins: each block is one GEMM of its P + 2w neighbouring
 band matrix, the same for every block (Toeplitz) and every query of a group: n (P + 2w) multiply-adds per
 query instead of n^2.
 
-Equations and solver as :mod:`boltzmann_attention.ising.meanfield` (same options, same warnings):
+Equations and solvers as :mod:`boltzmann_attention.ising.meanfield` (same options, same warnings):
 
     naive: m = tanh(h + J m),     TAP: m = tanh(h + J m - m (J∘J)(1 - m^2)),
 
-a damped fixed point started at tanh(h), stopped when max |F(m) - m| < tol for every query; absent spins
-(mask False) are 0 and in nobody's field. Gradients are implicit (never by unrolling): with D = 1 - F^2
-at the fixed point and A = dF/dm, the backward solves lambda = g + A^T lambda by the same damped
-iteration, A^T v = J(D v) for naive and J(D v) - (J∘J)(1 - m^2) ∘ D v + 2 m ∘ (J∘J)(m ∘ D v) for TAP
-(J symmetric), then dL/dh = D lambda and dL/df by autograd through one application of the field at the
-fixed point. :func:`solve` reports the iterations and the largest residual, forward and backward.
+a fixed point (damped or Anderson-accelerated iteration) started at tanh(h), stopped when max |F(m) - m|
+< tol for every query; absent spins (mask False) are 0 and in nobody's field. Gradients are implicit
+(never by unrolling): with D = 1 - F^2 at the fixed point and A = dF/dm, the backward solves
+lambda = g + A^T lambda by the same solver, A^T v = J(D v) for naive and
+J(D v) - (J∘J)(1 - m^2) ∘ D v + 2 m ∘ (J∘J)(m ∘ D v) for TAP (J symmetric), then dL/dh = D lambda
+and dL/df by autograd through one application of the field at the fixed point. :func:`solve` reports
+the iterations and the largest residual, forward and backward.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._inputs import check_inputs, check_int, group_queries
-from .meanfield import _max_abs, _report, damped_iteration
+from .meanfield import _adjoint, _report, fixed_point
 from .meanfield import _Settings as MeanFieldSettings
 from .meanfield import _settings as meanfield_settings
 
@@ -95,10 +96,10 @@ class _Settings(MeanFieldSettings):
     block: int
 
 
-def _settings(tap, damping, tol, max_iter, on_fail, block, h=None) -> _Settings:
+def _settings(tap, damping, tol, max_iter, on_fail, block, h=None, solver="damped", anderson_memory=5) -> _Settings:
     """The dense solver's checks (meanfield._settings), plus the block size."""
-    base = meanfield_settings(tap, damping, tol, max_iter, on_fail, None, h)
-    return _Settings(base.tap, base.damping, base.tol, base.max_iter, base.on_fail, check_int("block", block, 1))
+    base = meanfield_settings(tap, damping, tol, max_iter, on_fail, None, h, solver, anderson_memory)
+    return _Settings(**vars(base), block=check_int("block", block, 1))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -162,12 +163,13 @@ class _Operator:
 
 
 def _iterate(h: Tensor, op: _Operator, mask: Tensor | None, s: _Settings):
-    """The dense solver's damped iteration with the Toeplitz operator's field."""
+    """The dense solver's iteration (``s.solver``) with the Toeplitz operator's field."""
     def step(m: Tensor) -> Tensor:
         f = op.field(m, h, mask).tanh_()
         return f if mask is None else f.mul_(mask)
 
-    return damped_iteration(step, torch.tanh(h) if mask is None else torch.tanh(h) * mask, s)
+    m = torch.tanh(h) if mask is None else torch.tanh(h) * mask
+    return fixed_point(step, m, s, lambda r: r < s.tol, magnetisation=True)
 
 
 class _ImplicitFixedPoint(torch.autograd.Function):
@@ -199,21 +201,9 @@ class _ImplicitFixedPoint(torch.autograd.Function):
                 out.addcmul_(onsager, dv, value=-1.0).addcmul_(m, op.J2(m * dv), value=2.0)
             return out
 
-        bound = s.tol * _max_abs(g)
-        lam, its = g, 0
-        for its in range(1, s.max_iter + 1):  # noqa: B007
-            new = g + vjp(lam)
-            residual = _max_abs(new - lam)
-            if bool((residual <= bound).all()):
-                break
-            lam = torch.lerp(new, lam, s.damping)
-        lam = new
+        lam, residual, its = _adjoint(vjp, g, s, "Toeplitz mean-field adjoint (backward) iteration")
         ctx.holder.update(backward_iterations=its,
                           backward_residual=float(residual.max()) if residual.numel() else 0.0)
-        if not bool((residual <= bound).all()):
-            failed = int((residual > bound).sum())
-            _report("Toeplitz mean-field adjoint (backward) iteration", float(residual.max()), its, s,
-                    f"{failed} of {residual.numel()} queries")
         dh = D * lam
         dprofile = None
         if ctx.needs_input_grad[1]:
@@ -230,7 +220,7 @@ class _ImplicitFixedPoint(torch.autograd.Function):
 
 def solve(h: Tensor, couplings: Toeplitz, mask: Tensor | None = None, *, tap: bool = False,
           damping: float = 0.5, tol: float = 1e-6, max_iter: int = 500, on_fail: str = "warn",
-          block: int = BLOCK) -> tuple[Tensor, ToeplitzInfo]:
+          solver: str = "damped", anderson_memory: int = 5, block: int = BLOCK) -> tuple[Tensor, ToeplitzInfo]:
     """Magnetisations m (broadcast batch shape, n) and a :class:`ToeplitzInfo`.
 
     h: (..., n); couplings: :class:`Toeplitz` with profile (..., w) (batch dims broadcast with h's);
@@ -251,7 +241,7 @@ def solve(h: Tensor, couplings: Toeplitz, mask: Tensor | None = None, *, tap: bo
     profile = profile[..., :max(n - 1, 1)]  # distances >= n do not occur
     w = profile.shape[-1]
     P = max(min(block, n), w)  # blocks of P spins, P >= w so that a block only couples to its neighbours
-    s = _settings(tap, damping, tol, max_iter, on_fail, P, h)
+    s = _settings(tap, damping, tol, max_iter, on_fail, P, h, solver, anderson_memory)
     g = group_queries(h, profile[..., None], None, mask)  # the profile as a (..., w, 1) "J": grouped like J
     N = -(-n // P) * P  # padded with absent spins
     gh = F.pad(g.h, (0, N - n))
