@@ -55,6 +55,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -395,17 +396,20 @@ def _sweep(model, last: Tensor, marginals: bool, pairs: bool, weights: Tensor | 
     return log_z, marg, joint
 
 
+@lru_cache(maxsize=64)  # constant tables, read only: built once per size, dtype and device
 def _spins(bits: int, dtype: torch.dtype, device) -> Tensor:
     """(2^bits, bits) +-1 table; column i is bit bits - 1 - i of the row index (column 0 = oldest spin)."""
     index = torch.arange(2**bits, device=device)
     return (2 * ((index[:, None] >> torch.arange(bits - 1, -1, -1, device=device)) & 1) - 1).to(dtype)
 
 
+@lru_cache(maxsize=64)  # constant tables, read only: built once per size, dtype and device
 def _state_signs(w: int, dtype: torch.dtype, device) -> Tensor:
     """(w + 1, 2^w): the w spins of each state (oldest first), then a row of ones (the normaliser)."""
     return torch.cat([_spins(w, dtype, device).T, torch.ones(1, 2**w, dtype=dtype, device=device)])
 
 
+@lru_cache(maxsize=64)  # constant tables, read only: built once per size, dtype and device
 def _pair_signs(w: int, k: int, dtype: torch.dtype, device) -> Tensor:
     """(2^(w+k), k, w): s_{w+j} s_{w+j-d} over a block window (column d - 1), for new spin j."""
     window = _spins(w + k, dtype, device)
