@@ -163,8 +163,9 @@ LONG_BATCH = 12      # stage 3: only T changes from stage 2 (how this was chosen
 LONG_STEPS = 2000
 LONG_EVAL_WINDOWS = 512
 
-# Stage 1's decisions (see the report for the measurement behind each); empty until the rule is applied.
-EXTRA_LEARNING_RATES: dict[str, tuple[float, ...]] = {}  # arm -> lrs added beyond the grid's edge
+# Stage 1's decisions (see the report for the measurement behind each), as the rule applies them.
+# softmax (seed 0, 2026-12-02): 3e-4 2.0733, 1e-3 1.8800, 3e-3 1.7759: best at the edge, so 1e-2 is added.
+EXTRA_LEARNING_RATES: dict[str, tuple[float, ...]] = {"softmax": (1e-2,)}  # arm -> lrs added beyond the edge
 DIVERGED: dict[str, tuple[float, ...]] = {}              # arm -> lrs at which a stage-1 run diverged
 BEST_LR: dict[str, float] = {}                           # arm -> lr
 
