@@ -13,8 +13,10 @@ from boltzmann_attention.experiments.train import TrainConfig
 ARMS = [a.name for a in realsize.ARMS]
 
 
-def _configs(monkeypatch, best=None):
+def _configs(monkeypatch, best=None, extra=None):
+    """The profile's runs under the given decisions (none by default, whatever studies/realsize.py holds)."""
     monkeypatch.setattr(realsize, "BEST_LR", best or {})
+    monkeypatch.setattr(realsize, "EXTRA_LEARNING_RATES", extra or {})
     unique = {}
     for name, cfg in (run for g in profile("realsize") for run in g.runs()):
         assert unique.setdefault(name, cfg) == cfg  # a name listed twice (a reused run) is the same config
@@ -140,7 +142,20 @@ def _plant_all(root, long=True):
                        step_s=4 * STEP_S[arm], peak=2 * PEAK[arm])
 
 
+def test_the_recorded_extensions_add_their_runs(monkeypatch):
+    """The module's live EXTRA_LEARNING_RATES (stage 1's edge extensions so far) each add one run at seed 0."""
+    extra = dict(realsize.EXTRA_LEARNING_RATES)
+    names = {name for name, _ in _configs(monkeypatch, extra=extra)}
+    for arm, lrs in extra.items():
+        a = realsize.BY_NAME[arm]
+        for lr in lrs:
+            assert f"shakespeare-T64-{a.mode}-{a.method}-rs-{arm}-lr{lr:g}-s0" in names
+    assert len(names) == len(ARMS) * len(realsize.LEARNING_RATES) + sum(map(len, extra.values()))
+
+
 def test_stage_one_report_applies_the_rule(tmp_path, monkeypatch):
+    monkeypatch.setattr(realsize, "EXTRA_LEARNING_RATES", {})
+    monkeypatch.setattr(realsize, "BEST_LR", {})
     for arm, by_lr in STAGE1.items():
         for lr, loss in by_lr.items():
             _plant(tmp_path, arm, lr, 0, loss)
