@@ -29,6 +29,12 @@ its own best settings, in stages, each decided by a rule fixed before the runs i
    Measured (one thread, the sweep paused): an h+J training step takes 0.46 s at T = 24 (0.07 s at T = 20;
    softmax and h 8 ms), so an h+J run takes about 2 h and the stage about 6.5 h of one core (an estimate from
    those step times). It is affordable with two jobs over a session, so it runs, after everything else.
+   On the AMD EPYC machine of 2026-12-02 the step took 0.58-0.66 s with two one-thread runs side by side
+   (0.45-0.83 s with two threads and nothing else running), about 2.7 h a run. Exact at T = 24 is at its
+   floor: about 13 G multiply-adds per step in GEMMs of 64 x 4096 x 4096 (an estimate from the split sizes),
+   which run at 74-79 GFLOP/s on one thread of that machine. A session lasts 3 h and a run does not survive
+   it (checkpoints are not committed), so each h+J run must start near a session's beginning; softmax and h
+   (3 seeds each) are done, h+J's seeds are not.
 Every run uses AdamW's per-tensor loop (`fused_optimizer=False`), as the first stage's runs did. Later
 stages use the decisions of the earlier ones: `CHOSEN_INIT` and `BEST_LR` below hold them, with the
 measurement that set them in the report.
