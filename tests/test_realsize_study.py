@@ -85,6 +85,7 @@ def test_the_lr_rule(losses, chosen):
 
 
 def test_an_lr_at_the_edge_extends_the_grid(monkeypatch):
+    monkeypatch.setattr(realsize, "EXTRA_LEARNING_RATES", {})  # not the live decisions
     assert realsize.edge_extension("h", 3e-3) == 1e-2
     assert realsize.edge_extension("h", 3e-4) == 1e-4
     assert realsize.edge_extension("h", 1e-3) is None
