@@ -270,8 +270,9 @@ def test_dispatcher_methods():
                                meanfield.log_partition(h, J, None, None))
 
 
+@pytest.mark.parametrize("solver", [{}, dict(solver="anderson", damping=0.0)])
 @pytest.mark.parametrize("tap", [False, True])
-def test_half_precision_converges_to_its_own_resolution(tap):
+def test_half_precision_converges_to_its_own_resolution(tap, solver):
     """float16 cannot resolve a residual of 1e-6: tol is raised to its epsilon, so a weakly coupled system
     converges without a warning, to the float32 answer within float16's precision."""
     g = torch.Generator().manual_seed(3)
@@ -280,8 +281,8 @@ def test_half_precision_converges_to_its_own_resolution(tap):
     J = W + W.T
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        m16, info = meanfield.solve(h.half(), J.half(), tap=tap)
-    m32, info32 = meanfield.solve(h, J, tap=tap)
+        m16, info = meanfield.solve(h.half(), J.half(), tap=tap, **solver)
+    m32, info32 = meanfield.solve(h, J, tap=tap, **solver)
     assert bool(info.converged.all()) and info.max_residual < torch.finfo(torch.float16).eps
     assert info32.max_residual < 1e-6  # float32 keeps the requested tol
     assert torch.allclose(m16.float(), m32, atol=5e-3)

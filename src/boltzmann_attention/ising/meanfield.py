@@ -210,7 +210,8 @@ def fixed_point(step, x: Tensor, s, done, magnetisation: bool = False) -> tuple[
 def _anderson(step, x: Tensor, s, done, clip: bool) -> tuple[Tensor, Tensor, int]:
     """Anderson acceleration (type II) with ``s.anderson_memory`` stored steps per query; see the module
     docstring. The Gram matrix of the stored residual differences is updated one row per step and solved
-    in float64 with a relative Tikhonov term (1e-10 of its largest diagonal), so a query without history
+    in float64 with a relative Tikhonov term (its largest diagonal times the larger of 1e-10 and the inputs'
+    machine epsilon, the precision of the differences it is built from), so a query without history
     (all differences 0) takes the damped step; a failed solve also falls back to it. Safeguard: a query
     whose residual grew in a step forgets its history (restart)."""
     M = s.anderson_memory
@@ -222,6 +223,7 @@ def _anderson(step, x: Tensor, s, done, clip: bool) -> tuple[Tensor, Tensor, int
     dF = r.new_zeros(*lead, M, n)
     gram = torch.zeros(*lead, M, M, dtype=torch.float64, device=r.device)
     eye = torch.eye(M, dtype=torch.float64, device=r.device)
+    ridge = max(1e-10, torch.finfo(r.dtype).eps)
     stored = 0
     while not (iterations == s.max_iter or bool(done(residual).all())):
         if stored:
@@ -230,7 +232,7 @@ def _anderson(step, x: Tensor, s, done, clip: bool) -> tuple[Tensor, Tensor, int
             rhs = torch.einsum("...mn,...n->...m", R, r).double().unsqueeze(-1)  # (..., m, 1)
             G = gram[..., :m, :m]
             scale = G.diagonal(dim1=-2, dim2=-1).amax(-1, keepdim=True).unsqueeze(-1)
-            gamma, info = torch.linalg.solve_ex(G + (1e-10 * scale + 1e-300) * eye[:m, :m], rhs)
+            gamma, info = torch.linalg.solve_ex(G + (ridge * scale + 1e-300) * eye[:m, :m], rhs)
             gamma = torch.where((info == 0)[..., None, None] & gamma.isfinite(), gamma, 0.0).to(r.dtype)[..., 0]
             x = f - torch.einsum("...mn,...m->...n", Fd, gamma)  # F(x) - dF gamma
             if s.damping:
