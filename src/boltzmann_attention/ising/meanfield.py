@@ -132,11 +132,16 @@ def _settings(tap, damping, tol, max_iter, on_fail, K, h=None, solver="damped", 
     return _Settings(tap, damping, tol, max_iter, on_fail, solver, anderson_memory)
 
 
-def _report(what: str, residual: float, iterations: int, settings: _Settings, failed: str) -> None:
+def _report(what: str, residual: float, iterations: int, settings: _Settings, failed: str,
+            relative: bool = False) -> None:
+    """Warn or raise (``on_fail``) that an iteration stopped at max_iter; ``relative``: its tol was relative
+    to each query's largest incoming gradient (the adjoint), so the residual is compared with that."""
     if settings.on_fail == "ignore":
         return
-    message = (f"{what} did not converge: max residual {residual:.3g} >= tol {settings.tol:g} after "
-               f"{iterations} iterations ({failed}, damping {settings.damping:g}); returning the last "
+    tol = f"tol {settings.tol:g}" + (" times the query's largest incoming gradient" if relative else "")
+    solver = f"damping {settings.damping:g}" + (", anderson" if settings.solver == "anderson" else "")
+    message = (f"{what} did not converge: max residual {residual:.3g} >= {tol} after "
+               f"{iterations} iterations ({failed}, {solver}); returning the last "
                f"iterate. Increase damping or max_iter, or weaken the couplings.")
     if settings.on_fail == "raise":
         raise ConvergenceError(message)
@@ -269,8 +274,7 @@ def _adjoint(vjp, g: Tensor, s: _Settings, what: str = "mean-field adjoint (back
     lam, residual, its = fixed_point(lambda v: g + vjp(v), g, s, lambda r: r <= bound)
     if not bool((residual <= bound).all()):
         failed = int((residual > bound).sum())
-        _report(what, float(residual.max()), its, s,
-                f"{failed} of {residual.numel()} queries")
+        _report(what, float(residual.max()), its, s, f"{failed} of {residual.numel()} queries", relative=True)
     return lam, residual, its
 
 
