@@ -191,8 +191,14 @@ def _max_abs(x: Tensor) -> Tensor:
 
 def _iterate(h: Tensor, c: _Couplings, mask: Tensor | None, s: _Settings):
     """The forward iteration (no autograd). Returns (F(m) at the last iterate, residual (G, Q), its)."""
+    return forward_iteration(lambda m: _fixed_point_map(m, h, c, mask), h, mask, s)
+
+
+def forward_iteration(step, h: Tensor, mask: Tensor | None, s):
+    """The magnetisations' fixed point m = step(m) with ``s.solver``, from tanh(h) (0 at absent spins) to
+    tol; shared by the dense and the Toeplitz solvers. Returns (step(m), residual, iterations)."""
     m = torch.tanh(h) if mask is None else torch.tanh(h) * mask
-    return fixed_point(lambda m: _fixed_point_map(m, h, c, mask), m, s, lambda r: r < s.tol, magnetisation=True)
+    return fixed_point(step, m, s, lambda r: r < s.tol, magnetisation=True)
 
 
 def fixed_point(step, x: Tensor, s, done, magnetisation: bool = False) -> tuple[Tensor, Tensor, int]:

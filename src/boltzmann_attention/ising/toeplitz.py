@@ -33,7 +33,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._inputs import check_inputs, check_int, group_queries
-from .meanfield import _adjoint, _report, fixed_point
+from .meanfield import _adjoint, _report, forward_iteration
 from .meanfield import _Settings as MeanFieldSettings
 from .meanfield import _settings as meanfield_settings
 
@@ -168,8 +168,7 @@ def _iterate(h: Tensor, op: _Operator, mask: Tensor | None, s: _Settings):
         f = op.field(m, h, mask).tanh_()
         return f if mask is None else f.mul_(mask)
 
-    m = torch.tanh(h) if mask is None else torch.tanh(h) * mask
-    return fixed_point(step, m, s, lambda r: r < s.tol, magnetisation=True)
+    return forward_iteration(step, h, mask, s)
 
 
 class _ImplicitFixedPoint(torch.autograd.Function):
