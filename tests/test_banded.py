@@ -172,6 +172,32 @@ def test_gradients_match_reference_autograd():
         assert torch.allclose(grads[0][1], grads[1][1], rtol=0, atol=TOL)
 
 
+def test_lanes_swept_together_match_reference(monkeypatch):
+    """Under a causal mask every head's queries, in every end alignment with the same chain lengths, run
+    as lanes of one sweep (several lanes per _Scaled): marginals, log Z and both gradients as the reference."""
+    g = torch.Generator().manual_seed(14)
+    heads, n, w = 3, 11, 4
+    h = torch.randn(2, heads, n, n, generator=g, dtype=torch.float64)
+    J = banded_couplings(torch.randn(heads, 1, n, n, generator=g, dtype=torch.float64), w)
+    mask = torch.ones(n, n, dtype=torch.bool).tril()  # query i sees spins 0 .. i
+    lanes = []
+    original = banded._Scaled.__init__
+    monkeypatch.setattr(banded._Scaled, "__init__",
+                        lambda self, c, *args: lanes.append(c.shape[0]) or original(self, c, *args))
+    check_against_reference(h, J, mask)
+    assert max(lanes) == 3 * heads  # three of the four alignments share their chain lengths (n = 11, k = 4)
+    weights = torch.randn(2, heads, n, n, generator=g, dtype=torch.float64)
+    for fn, ref in ((banded.marginals, reference.marginals), (banded.log_partition, reference.log_partition)):
+        grads = []
+        for f in (fn, ref):
+            hh, JJ = h.clone().requires_grad_(), J.clone().requires_grad_()
+            out = f(hh, JJ, None, mask, **({"bandwidth": w} if f is fn else {}))
+            (out * (weights if out.dim() == 4 else weights[..., 0])).sum().backward()
+            grads.append((hh.grad, JJ.grad * band_mask(n, w)))
+        assert torch.allclose(grads[0][0], grads[1][0], rtol=0, atol=TOL)
+        assert torch.allclose(grads[0][1], grads[1][1], rtol=0, atol=TOL)
+
+
 def test_log_partition_gradient_is_half_the_correlations():
     h, J, _ = random_problem(7, 8, 2)
     J.requires_grad_()

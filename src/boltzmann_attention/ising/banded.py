@@ -14,8 +14,11 @@ w + k spins of the block's window, which holds <s_l s_p> for every coupling J_lp
 
 Shapes: h (..., n); J (..., n, n) or None; mask (..., n) bool or None. Queries (batch entries of h that
 share J, see ``group_queries``) run side by side as the columns of (S, queries) messages, in chunks of
-at most CHUNK_ENTRIES / S queries. Cost per query: O(n 2^(w+k) / k) multiply-adds in GEMMs and O(n 2^w / k)
-elementwise work. Memory: the forward messages of a chunk are kept for the backward sweep; by default a
+at most CHUNK_ENTRIES / S queries. Queries whose chains have the same lengths but other couplings or
+another alignment of their blocks (under a causal mask: every head, and every end position modulo k) run
+as lanes of one sweep, (lanes, S, queries) messages, as many as fill CHUNK_ENTRIES: fewer, larger
+operations where each lane alone would be small. Cost per query: O(n 2^(w+k) / k) multiply-adds in GEMMs
+and O(n 2^w / k) elementwise work. Memory: the forward messages of a chunk are kept for the backward sweep; by default a
 chunk holds as many queries (longest first) as keep them within MESSAGE_BUDGET, and only a chunk beyond it
 (one query, or a given chunk_size) keeps one in about sqrt(blocks) and recomputes the others. A query's
 chain stops at its last present spin, so causal masks cost half.
@@ -55,7 +58,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 from torch import Tensor
@@ -195,17 +198,32 @@ def _solve(h: Tensor, J: Tensor, mask: Tensor | None, w: int, chunk_size: int | 
     Without ``tangent``: log Z, and if ``marginals`` the marginals and (if ``pairs``) the band sums of
     pair_weights * <s_l s_p>. With ``tangent`` (a field direction g, (G, Q, n)): the tangents of the
     marginals and of the band sums of <s_l s_p> along g.
+
+    Each group's queries are split into lanes by the alignment of their last spin (see :class:`_Lane`);
+    scaled-recursion lanes with the same chain lengths (e.g. every head's and every class's under a causal
+    mask) run as one sweep, their tables side by side in the batched GEMMs.
     """
     G, Q, n = h.shape
     dtype = h.dtype if h.dtype in (torch.float32, torch.float64) else torch.float32
     out = _Solution(h.new_zeros(G, Q, dtype=dtype), h.new_zeros(G, n, Q, dtype=dtype) if marginals else None,
                     h.new_zeros(G, n, w, dtype=dtype) if pairs else None)
+    sweeps: dict[tuple, list[_Lane]] = {}
     for gi in range(G):
-        fields = h[gi].to(dtype)
-        present = mask[gi] if mask is not None else None
-        _solve_group(out, gi, fields if present is None else fields * present, _band(J[gi].to(dtype), w),
-                     present, tangent[gi].to(dtype) if tangent is not None else None,
-                     pair_weights[gi].to(dtype) if pair_weights is not None else None, w, chunk_size)
+        for lane in _lanes(gi, h[gi].to(dtype), _band(J[gi].to(dtype), w), mask[gi] if mask is not None else None,
+                           tangent[gi].to(dtype) if tangent is not None else None,
+                           pair_weights[gi].to(dtype) if pair_weights is not None else None, w):
+            key = ("scaled", tuple(lane.last.tolist())) if lane.linear else ("log", gi, lane.c)
+            sweeps.setdefault(key, []).append(lane)
+    for lanes in sweeps.values():
+        # as many lanes side by side as fill one cache-sized chunk (CHUNK_ENTRIES), in sweeps of equal size
+        queries = len(lanes[0].members) if chunk_size is None else min(chunk_size, len(lanes[0].members))
+        per_sweep = max(1, (CHUNK_ENTRIES >> w) // queries)
+        count = -(-len(lanes) // per_sweep)
+        size = -(-len(lanes) // count)
+        for start in range(0, len(lanes), size):
+            _run(out, lanes[start:start + size], w, chunk_size)
+    if pairs:  # couplings to virtual spins (p - d < 0) do not exist
+        out.pairs *= torch.arange(n, device=h.device)[:, None] >= torch.arange(1, w + 1, device=h.device)
     if marginals:
         out.marginals = out.marginals.transpose(1, 2)
         if mask is not None:
@@ -213,60 +231,100 @@ def _solve(h: Tensor, J: Tensor, mask: Tensor | None, w: int, chunk_size: int | 
     return out
 
 
-def _solve_group(out: _Solution, gi: int, fields: Tensor, band: Tensor, present: Tensor | None,
-                 direction: Tensor | None, weights: Tensor | None, w: int, chunk_size: int | None) -> None:
-    """Queries (Q, n) sharing the couplings ``band`` (n, w): split by the alignment of their last spin,
-    chunk, pick the recursion, and write log Z, marginals and pair sums into ``out`` at group gi."""
+@dataclass
+class _Lane:
+    """The queries of group ``group`` whose last spin p has p % k == c, longest first: blocks of k spins
+    end at p. A lane of the scaled recursion (``linear``) runs with k = _block_size(w), else with k = 1."""
+    group: int
+    c: int
+    k: int
+    linear: bool
+    members: Tensor           # (m,) query indices in the group, by decreasing last block
+    last: Tensor              # (m,) last block of each
+    fields: Tensor            # (Q, n) the group's fields (0 at absent spins)
+    padded: Tensor            # (w + k - 1 + n, w): row w + k - 1 + p holds the couplings of spin p
+    present: Tensor | None    # (Q, n) bool, only when the mask has holes (log domain)
+    direction: Tensor | None  # (Q, n) tangent direction g
+    weights: Tensor | None    # (Q,) pair weights
+
+    def rows(self, blocks: int) -> Tensor:
+        """(blocks, k) padded positions of each block's new spins."""
+        arange = partial(torch.arange, device=self.last.device)
+        return self.c + self.padded.shape[1] + self.k * arange(blocks)[:, None] + arange(self.k)
+
+
+def _lanes(gi: int, fields: Tensor, band: Tensor, present: Tensor | None, direction: Tensor | None,
+           weights: Tensor | None, w: int) -> list[_Lane]:
+    """Group gi's lanes (queries with at least one present spin), after choosing its recursion."""
     Q, n = fields.shape
-    device, dtype = fields.device, fields.dtype
     if present is None:
-        ends, holes = torch.full((Q,), n - 1, device=device), False
+        ends, holes = torch.full((Q,), n - 1, device=fields.device), False
     else:  # last present spin (-1: none); a hole is an absent spin before it
         count = present.sum(-1)
         ends = torch.where(count > 0, n - 1 - present.flip(-1).to(torch.uint8).argmax(-1), -1)
         holes = bool((count != ends + 1).any())
+        fields = fields * present
     coupling_range = _window_max(band.abs().sum(1), w + _block_size(w))
-    linear = not holes and coupling_range <= _linear_limit(w, n, dtype)
+    linear = not holes and coupling_range <= _linear_limit(w, n, fields.dtype)
     k = _block_size(w) if linear else 1
-    padded = torch.cat([band.new_zeros(w + k - 1, w), band])  # row w + k - 1 + p: couplings of spin p
+    padded = torch.cat([band.new_zeros(w + k - 1, w), band])
     order = torch.argsort(ends, descending=True, stable=True)
-    for c in range(k):  # class c: queries whose last spin p has p % k == c, so blocks end at p
+    lanes = []
+    for c in range(k):
         members = order[(ends[order] >= 0) & (ends[order] % k == c)]
-        if len(members) == 0:
-            continue
-        last_block = (ends[members] - c) // k
-        for start, stop in _chunks(last_block, n, w, k, dtype, direction is not None, chunk_size):
-            idx, last = members[start:stop], last_block[start:stop]
-            blocks = int(last[0]) + 1
-            rows = c + w + k * torch.arange(blocks, device=device)[:, None] + torch.arange(k, device=device)
-            spin = (rows - (w + k - 1)).flatten()  # position of each block's new spins; < 0: virtual
-            new_fields = _take(fields[idx], rows, w + k - 1)
-            new_tangent = _take(direction[idx], rows, w + k - 1) if direction is not None else None
-            if linear:
-                model = _Scaled(padded[rows].flatten(1), new_fields, new_tangent, w, k)
-            else:
-                presence = None
-                if holes:
-                    pad = torch.cat([present.new_zeros(len(idx), w), present[idx]], 1)   # (a, w + n)
-                    back = rows - torch.arange(1, w + 1, device=device)                   # (B, w)
-                    presence = (pad[:, back] & pad[:, rows]).permute(1, 2, 0).to(dtype)   # (B, w, a)
-                model = _LogDomain(padded[rows[:, 0]], new_fields[:, 0], new_tangent, w, presence)
-            with _no_denormals(device):
-                z, m, joint = _sweep(model, last, out.marginals is not None, out.pairs is not None,
-                                     weights[idx] if weights is not None else None,
-                                     _stride(last, w, dtype, direction is not None))
-            absent = torch.full_like(z, w + k - 1 - c)  # virtual spins: initial state, first block's padding
-            if holes:
-                absent += ends[idx] + 1 - present[idx].sum(-1)
-            out.log_z[gi, idx] = (z - math.log(2.0) * absent).to(dtype)
+        if len(members):
+            lanes.append(_Lane(gi, c, k, linear, members, (ends[members] - c) // k, fields, padded,
+                               present if holes else None, direction, weights))
+    return lanes
+
+
+def _run(out: _Solution, lanes: list[_Lane], w: int, chunk_size: int | None) -> None:
+    """Sweep lanes with the same chain lengths together, chunk by chunk of queries, and write log Z,
+    marginals and pair sums into ``out``."""
+    first = lanes[0]
+    k, dtype, device = first.k, first.fields.dtype, first.fields.device
+    n = first.fields.shape[1]
+    tangent = first.direction is not None
+    for start, stop in _chunks(first.last, n, w, k, dtype, tangent, chunk_size, len(lanes)):
+        last = first.last[start:stop]
+        blocks = int(last[0]) + 1
+        idx = [lane.members[start:stop] for lane in lanes]
+        rows = [lane.rows(blocks) for lane in lanes]
+        fields = torch.stack([_take(lane.fields[i], r, w + k - 1) for lane, i, r in zip(lanes, idx, rows)], 1)
+        directions = (torch.stack([_take(lane.direction[i], r, w + k - 1) for lane, i, r in zip(lanes, idx, rows)],
+                                  1) if tangent else None)                                   # (B, L, k, a)
+        if first.linear:
+            couplings = torch.stack([lane.padded[r].flatten(1) for lane, r in zip(lanes, rows)])  # (L, B, k w)
+            model = _Scaled(couplings, fields, directions, w, k)
+        else:  # one lane
+            presence = None
+            if first.present is not None:
+                pad = torch.cat([first.present.new_zeros(len(idx[0]), w), first.present[idx[0]]], 1)  # (a, w + n)
+                back = rows[0] - torch.arange(1, w + 1, device=device)                              # (B, w)
+                presence = (pad[:, back] & pad[:, rows[0]]).permute(1, 2, 0).to(dtype)             # (B, w, a)
+            model = _LogDomain(first.padded[rows[0][:, 0]], fields[:, 0, 0], directions[:, 0] if tangent else None,
+                               w, presence)
+        weights = (torch.stack([lane.weights[i] for lane, i in zip(lanes, idx)]) if first.weights is not None
+                   else None)
+        with _no_denormals(device):
+            z, m, joint = _sweep(model, last, out.marginals is not None, out.pairs is not None,
+                                 weights if first.linear or weights is None else weights[0],
+                                 _stride(last, w, dtype, tangent, len(lanes)))
+        if not first.linear:  # the log-domain sweep has no lane dimension
+            z, m = z[None], m[:, :, None] if m is not None else None
+            joint = joint[:, None] if joint is not None else None
+        for l, (lane, i, r) in enumerate(zip(lanes, idx, rows)):
+            absent = torch.full_like(z[l], w + k - 1 - lane.c)  # virtual spins: initial state, first block's padding
+            if lane.present is not None:  # absent spins before the last (k = 1: the last spin is at its block)
+                absent += last + 1 - lane.present[i].sum(-1)
+            out.log_z[lane.group, i] = (z[l] - math.log(2.0) * absent).to(dtype)
+            spin = (r - (w + k - 1)).flatten()  # position of each block's new spins; < 0: virtual
             real = spin >= 0
             if out.marginals is not None:
-                out.marginals[gi, spin[real, None], idx] = m.flatten(0, 1)[real].to(dtype)
+                out.marginals[lane.group, spin[real, None], i] = m[:, :, l].flatten(0, 1)[real].to(dtype)
             if out.pairs is not None:
-                stats = (joint @ model.pair_signs.flatten(1)).view(-1, w)                  # (B * k, w)
-                out.pairs[gi].index_add_(0, spin[real], stats[real].to(dtype))
-    if out.pairs is not None:  # couplings to virtual spins (p - d < 0) do not exist
-        out.pairs[gi] *= torch.arange(n, device=device)[:, None] >= torch.arange(1, w + 1, device=device)
+                stats = (joint[:, l] @ model.pair_signs.flatten(1)).view(-1, w)                  # (B * k, w)
+                out.pairs[lane.group].index_add_(0, spin[real], stats[real].to(dtype))
 
 
 def _window_max(x: Tensor, width: int) -> float:
@@ -308,17 +366,18 @@ def _take(x: Tensor, rows: Tensor, front: int) -> Tensor:
 
 
 def _chunks(last: Tensor, n: int, w: int, k: int, dtype: torch.dtype, tangent: bool,
-            chunk_size: int | None) -> list[tuple[int, int]]:
-    """(start, stop) of each chunk of queries (sorted by decreasing last block ``last``).
+            chunk_size: int | None, lanes: int = 1) -> list[tuple[int, int]]:
+    """(start, stop) of each chunk of queries (sorted by decreasing last block ``last``), the same in each
+    of ``lanes`` lanes swept together.
 
-    Given ``chunk_size``: chunks of that many. By default: at most CHUNK_ENTRIES / 2^w queries (a message
-    cache-sized), block fields phi within a quarter of MESSAGE_BUDGET, and as many queries as keep the
-    chunk's forward messages within MESSAGE_BUDGET (at least one), so that the backward sweep does not
+    Given ``chunk_size``: chunks of that many. By default: at most CHUNK_ENTRIES / (2^w lanes) queries (a
+    message cache-sized), block fields phi within a quarter of MESSAGE_BUDGET, and as many queries as keep
+    the chunk's forward messages within MESSAGE_BUDGET (at least one), so that the backward sweep does not
     recompute them: long queries go in narrower chunks than short ones."""
     if chunk_size is not None:
         return [(s, min(s + chunk_size, len(last))) for s in range(0, len(last), chunk_size)]
-    size = torch.finfo(dtype).bits // 8 * (1 + tangent)
-    width = max(1, min(CHUNK_ENTRIES >> w, MESSAGE_BUDGET // 4 // ((n // k + 1) * 2**k * size)))
+    size = torch.finfo(dtype).bits // 8 * (1 + tangent) * lanes
+    width = max(1, min((CHUNK_ENTRIES >> w) // lanes, MESSAGE_BUDGET // 4 // ((n // k + 1) * 2**k * size)))
     kept = torch.cat([last.new_zeros(1), ((last + 1) * 2**w * size).cumsum(0)]).tolist()
     chunks, start = [], 0
     while start < len(last):
@@ -328,18 +387,18 @@ def _chunks(last: Tensor, n: int, w: int, k: int, dtype: torch.dtype, tangent: b
     return chunks
 
 
-def _stride(last: Tensor, w: int, dtype: torch.dtype, tangent: bool) -> int:
+def _stride(last: Tensor, w: int, dtype: torch.dtype, tangent: bool, lanes: int = 1) -> int:
     """Blocks per checkpoint: 1 (keep every message) if that fits the budget, else about sqrt(blocks)."""
-    kept = int((last + 1).sum()) * 2**w * (1 + tangent) * torch.finfo(dtype).bits // 8
+    kept = int((last + 1).sum()) * 2**w * (1 + tangent) * lanes * torch.finfo(dtype).bits // 8
     return 1 if kept <= MESSAGE_BUDGET else math.isqrt(int(last[0])) + 1
 
 
 @dataclass
 class _Message:
-    value: Tensor            # (S, a): alpha (scaled probabilities) or log alpha
-    tangent: Tensor | None   # (S, a)
-    norm: Tensor             # (a,): sum of value (scaled) or the log-normaliser taken off (log domain)
-    scale: Tensor | None = None  # (T, a): phi_b / norm_{b-1}, the factor applied to the new spins (scaled)
+    value: Tensor            # (L, S, a) scaled probabilities alpha, or (S, a) log alpha
+    tangent: Tensor | None   # shaped like value
+    norm: Tensor             # (L, a): sum of value (scaled), or (a,) the log-normaliser taken off (log domain)
+    scale: Tensor | None = None  # (L, 1, T, a): phi_b / norm_{b-1}, the factor applied to the new spins (scaled)
 
 
 def _sweep(model, last: Tensor, marginals: bool, pairs: bool, weights: Tensor | None, stride: int):
@@ -347,7 +406,9 @@ def _sweep(model, last: Tensor, marginals: bool, pairs: bool, weights: Tensor | 
 
     last: (a,) last block of each query, decreasing; block b involves the first A_b queries. Forward
     messages are kept every ``stride`` blocks and recomputed in between during the backward sweep.
-    Returns log Z (a,) (virtual spins included), marginals (B, k, a) and window joints (B, 2^(w+k)).
+    Messages are (..., S, a): any leading dimensions (the scaled recursion's lanes) ride along.
+    Returns log Z (..., a) (virtual spins included), marginals (B, k, ..., a) and window joints
+    (B, ..., 2^(w+k)).
     """
     blocks = int(last[0]) + 1
     counts = (last[None, :] >= torch.arange(blocks, device=last.device)[:, None]).sum(1)
@@ -361,16 +422,17 @@ def _sweep(model, last: Tensor, marginals: bool, pairs: bool, weights: Tensor | 
             kept[b] = message
     column = torch.arange(int(counts.sum()), device=last.device)
     column -= (counts.cumsum(0) - counts).repeat_interleave(counts)  # query of each entry of cat(norms)
-    log_norms = message.norm.new_zeros(active[0]).index_add_(0, column, model.log(torch.cat(norms)))
+    lead = message.value.shape[:-2]
+    log_norms = message.norm.new_zeros(*lead, active[0]).index_add_(-1, column, model.log(torch.cat(norms, -1)))
     log_z = model.log_z(log_norms, last)
     if not marginals:
         return log_z, None, None
-    S, a0 = message.value.shape[0], active[0]
-    beta = message.value.new_empty(S, a0)
-    dbeta = message.value.new_empty(S, a0) if model.tangent is not None else None
+    shape = message.value.shape[:-1] + (active[0],)
+    beta = message.value.new_empty(shape)
+    dbeta = message.value.new_empty(shape) if model.tangent is not None else None
     span = max(1, model.w // model.k)  # a state holds the new spins of this many blocks
-    marg = beta.new_zeros(blocks, model.k, a0)
-    joint = beta.new_zeros(blocks, 2 ** (model.w + model.k)) if pairs else None
+    marg = beta.new_zeros(blocks, model.k, *lead, active[0])
+    joint = beta.new_zeros(blocks, *lead, 2 ** (model.w + model.k)) if pairs else None
     for start in reversed(range(0, blocks, stride)):
         end = min(start + stride, blocks)
         segment = {start - 1: kept[start - 1]}
@@ -380,17 +442,17 @@ def _sweep(model, last: Tensor, marginals: bool, pairs: bool, weights: Tensor | 
         for b in reversed(range(start, end)):
             a, done = active[b], active[b + 1]
             if done < a:  # queries whose chain ends at block b
-                model.end(segment[b], beta[:, done:a], dbeta[:, done:a] if dbeta is not None else None, done)
+                model.end(segment[b], beta[..., done:a], dbeta[..., done:a] if dbeta is not None else None, done)
             # marginals of the last `span` blocks' spins, from the joint law of the state after block b
             first = 0 if b % span == span - 1 else done
             if first < a:
-                state = model.marginals(segment[b], first, beta[:, first:a],
-                                        dbeta[:, first:a] if dbeta is not None else None)
+                state = model.marginals(segment[b], first, beta[..., first:a],
+                                        dbeta[..., first:a] if dbeta is not None else None)  # (w, ..., a)
                 low = max(b - span + 1, 0)
                 state = state[state.shape[0] - (b + 1 - low) * model.k:]
-                marg[low:b + 1, :, first:a] = state.unflatten(0, (-1, model.k))
-            j = model.backward(b, segment[b - 1], segment[b], beta[:, :a],
-                               dbeta[:, :a] if dbeta is not None else None, pairs, weights)
+                marg[low:b + 1, ..., first:a] = state.unflatten(0, (-1, model.k))
+            j = model.backward(b, segment[b - 1], segment[b], beta[..., :a],
+                               dbeta[..., :a] if dbeta is not None else None, pairs, weights)
             if pairs:
                 joint[b] = j
     return log_z, marg, joint
@@ -419,99 +481,115 @@ def _pair_signs(w: int, k: int, dtype: torch.dtype, device) -> Tensor:
 
 
 class _Scaled:
-    """Scaled-probability recursion, k new spins per block, coupling tables shared by all queries.
+    """Scaled-probability recursion, k new spins per block, for L lanes of queries swept side by side
+    (each lane's coupling tables shared by its queries): messages are (L, S, a).
 
     alpha_b = (M_b alpha_{b-1}) * phi_b / sum(alpha_{b-1}); beta starts at 1 / sum(alpha) at the end of each
     query's chain, so that alpha_b . beta_b = 1 at every block (and stays so along tangents)."""
 
     def __init__(self, couplings: Tensor, fields: Tensor, tangent: Tensor | None, w: int, k: int):
-        """couplings (B, k * w): J between each block's new spins and their w predecessors; fields,
-        tangent (B, k, a): h and the tangent direction g at each block's new spins."""
+        """couplings (L, B, k * w): J between each block's new spins and their w predecessors; fields,
+        tangent (B, L, k, a): h and the tangent direction g at each block's new spins."""
         self.w, self.k, self.tangent = w, k, tangent
-        blocks, dtype, device = couplings.shape[0], couplings.dtype, couplings.device
+        lanes, blocks = couplings.shape[:2]
+        dtype, device = couplings.dtype, couplings.device
         self.pair_signs = _pair_signs(w, k, dtype, device)
         self.T, self.R = 2**k, 2 ** (w - k)
-        energy = couplings @ self.pair_signs.flatten(1).T          # (B, 2^(w+k)), window index (o, r, t)
-        top = energy.amax(1)
-        self.M = _floored_exp(energy - top[:, None]).view(blocks, self.T, self.R, self.T).permute(0, 2, 3, 1)
-        self.M = self.M.contiguous()                                # (B, R, T, O)
+        energy = couplings @ self.pair_signs.flatten(1).T          # (L, B, 2^(w+k)), window index (o, r, t)
+        top = energy.amax(-1)
+        M = _floored_exp(energy - top[..., None]).view(lanes, blocks, self.T, self.R, self.T)
+        M = M.permute(1, 0, 3, 4, 2).reshape(blocks, lanes * self.R, self.T, self.T)  # (B, L R, T, O)
         spins = _spins(k, dtype, device)                            # (T, k)
         self.state_signs = _state_signs(w, dtype, device)
-        size = fields.abs().sum(1)                                  # (B, a)
-        self.phi = _floored_exp(spins @ fields - size[:, None])     # (B, T, a), largest entry 1
+        size = fields.abs().sum(-2)                                 # (B, L, a)
+        self.phi = _floored_exp(spins @ fields - size[..., None, :])  # (B, L, T, a), largest entry 1
         self.gamma = spins @ tangent if tangent is not None else None
-        self.log_scale = top[:, None] + size
+        self.log_scale = top.T[..., None] + size                    # (B, L, a)
         # per-block views, taken once (indexing in the loop costs more dispatches than the block's arithmetic)
-        self.blocks_M, self.blocks_back = self.M.unbind(0), self.M.transpose(2, 3).unbind(0)  # (R, T, O), (R, O, T)
+        self.blocks_M, self.blocks_back = M.unbind(0), M.transpose(2, 3).unbind(0)  # (L R, T, O), (L R, O, T)
         self.blocks_phi = self.phi.unbind(0)
         self.blocks_gamma = self.gamma.unbind(0) if tangent is not None else None
 
     def start(self, a: int) -> _Message:
-        S = self.R * self.T
-        value = self.phi.new_ones(S, a)
+        lanes, S = self.phi.shape[1], self.R * self.T
+        value = self.phi.new_ones(lanes, S, a)
         return _Message(value, torch.zeros_like(value) if self.tangent is not None else None,
-                        value.new_full((a,), float(S)))
+                        value.new_full((lanes, a), float(S)))
 
     def _split(self, x: Tensor, a: int) -> Tensor:
-        """(S, >= a) state-major message -> (R, O, a) view: old state (o, r) with r as the batch."""
-        return x.as_strided((self.R, self.T, a), (x.stride(0), self.R * x.stride(0), x.stride(1)))
+        """(L, S, >= a) state-major messages -> (L, R, O, a) view: old state (o, r) with r as the batch."""
+        return x.as_strided((x.shape[0], self.R, self.T, a), (x.stride(0), x.stride(1), self.R * x.stride(1),
+                                                               x.stride(2)))
+
+    def _apply(self, tables: Tensor, x: Tensor, a: int, out: Tensor | None = None) -> Tensor:
+        """(L R, T, O) tables times the (L, R, O, a) split of messages x, into ``out`` (L, R, T, a) (a new
+        tensor by default). One GEMM batch per lane: the split of several lanes cannot be viewed as one
+        batch, and copying it costs more than the dispatches (measured)."""
+        split, R = self._split(x, a), self.R
+        out = x.new_empty(x.shape[0], R, self.T, a) if out is None else out
+        for lane in range(x.shape[0]):
+            torch.bmm(tables[lane * R:(lane + 1) * R], split[lane], out=out[lane])
+        return out
 
     def forward(self, b: int, prev: _Message, a: int) -> _Message:
-        scale = self.blocks_phi[b][:, :a] / prev.norm[:a]
-        value = torch.bmm(self.blocks_M[b], self._split(prev.value, a)).mul_(scale)  # (R, T, a)
+        scale = (self.blocks_phi[b][..., :a] / prev.norm[:, None, :a])[:, None]  # (L, 1, T, a)
+        value = self._apply(self.blocks_M[b], prev.value, a).mul_(scale)          # (L, R, T, a)
         tangent = None
         if self.tangent is not None:
-            tangent = torch.bmm(self.blocks_M[b], self._split(prev.tangent, a)).mul_(scale)
-            tangent = tangent.addcmul_(value, self.blocks_gamma[b][:, :a]).view(-1, a)
-        value = value.view(-1, a)
-        return _Message(value, tangent, value.sum(0), scale)
+            tangent = self._apply(self.blocks_M[b], prev.tangent, a).mul_(scale)
+            tangent = tangent.addcmul_(value, self.blocks_gamma[b][:, None, :, :a]).flatten(1, 2)
+        value = value.flatten(1, 2)
+        return _Message(value, tangent, value.sum(1), scale)
 
     def log(self, norms: Tensor) -> Tensor:
         return norms.log()
 
     def log_z(self, log_norms: Tensor, last: Tensor) -> Tensor:
-        """log Z from the summed log norms (blocks 0 .. last) and the tables' scales."""
-        offsets = self.log_scale.cumsum(0)[last, torch.arange(len(last), device=last.device)]
+        """log Z (L, a) from the summed log norms (blocks 0 .. last) and the tables' scales."""
+        offsets = self.log_scale.cumsum(0)[last, :, torch.arange(len(last), device=last.device)].T
         return log_norms + offsets + math.log(self.R * self.T)
 
     def end(self, cur: _Message, beta: Tensor, dbeta: Tensor | None, first: int) -> None:
         """beta = 1 / Z (and its tangent) for the queries first, first + 1, ... whose chain ends here."""
-        norm = cur.norm[first:first + beta.shape[1]]
+        norm = cur.norm[:, None, first:first + beta.shape[-1]]
         beta.copy_((1 / norm).expand_as(beta))
         if dbeta is not None:
-            dbeta.copy_((-cur.tangent[:, first:first + beta.shape[1]].sum(0) / norm**2).expand_as(dbeta))
+            dbeta.copy_((-cur.tangent[..., first:first + beta.shape[-1]].sum(1, keepdim=True) / norm**2)
+                        .expand_as(dbeta))
 
     def marginals(self, cur: _Message, first: int, beta: Tensor, dbeta: Tensor | None) -> Tensor:
-        """(w, a) marginals (or tangents) of the state's spins for queries first, first + 1, ..."""
-        alpha = cur.value[:, first:first + beta.shape[1]]
-        moments = self.state_signs @ (alpha * beta)                 # last row: normaliser (= 1)
+        """(w, L, a) marginals (or tangents) of the state's spins for queries first, first + 1, ..."""
+        alpha = cur.value[..., first:first + beta.shape[-1]]
+        moments = self.state_signs @ (alpha * beta)                 # (L, w + 1, a); last row: normaliser (= 1)
         if self.tangent is None:
-            return moments[:-1] / moments[-1]
-        dalpha = cur.tangent[:, first:first + beta.shape[1]]
+            return (moments[:, :-1] / moments[:, -1:]).transpose(0, 1)
+        dalpha = cur.tangent[..., first:first + beta.shape[-1]]
         dmoments = self.state_signs @ torch.addcmul(dalpha * beta, alpha, dbeta)
-        return (dmoments[:-1] - moments[:-1] * (dmoments[-1] / moments[-1])) / moments[-1]
+        return ((dmoments[:, :-1] - moments[:, :-1] * (dmoments[:, -1:] / moments[:, -1:])) / moments[:, -1:]
+                ).transpose(0, 1)
 
     def backward(self, b, prev, cur, beta, dbeta, pairs, weights):
-        """Window joint of block b summed over queries (2^(w+k), or its tangent; None without ``pairs``),
-        and beta (dbeta) overwritten with beta_{b-1}."""
-        R, T, a = self.R, self.T, beta.shape[1]
-        v = beta.view(R, T, a) * cur.scale                          # phi_b beta_b / sum(alpha_{b-1})
+        """Window joint of block b summed over each lane's queries ((L, 2^(w+k)), or its tangent; None
+        without ``pairs``), and beta (dbeta) overwritten with beta_{b-1}."""
+        L, R, T, a = beta.shape[0], self.R, self.T, beta.shape[-1]
+        v = beta.view(L, R, T, a) * cur.scale                       # phi_b beta_b / sum(alpha_{b-1})
         if self.tangent is not None:
-            dv = torch.addcmul(dbeta.view(R, T, a) * cur.scale, v, self.blocks_gamma[b][:, :a])
+            dv = torch.addcmul(dbeta.view(L, R, T, a) * cur.scale, v, self.blocks_gamma[b][:, None, :, :a])
         joint = None
         if pairs:
-            old = self._split(prev.value, a)
+            old = self._split(prev.value, a).flatten(0, 1)                           # (L R, O, a)
             if self.tangent is None:
-                joint = torch.bmm(old, (v * weights[:a]).transpose(1, 2))
+                joint = torch.bmm(old, (v * weights[:, None, None, :a]).flatten(0, 1).transpose(1, 2))
             else:
-                joint = torch.bmm(old, dv.transpose(1, 2)).add_(
-                    torch.bmm(self._split(prev.tangent, a), v.transpose(1, 2)))
-            joint = (joint * self.blocks_back[b]).transpose(0, 1).flatten()  # (R, O, T) -> (o, r, t)
+                joint = torch.bmm(old, dv.flatten(0, 1).transpose(1, 2)).add_(
+                    torch.bmm(self._split(prev.tangent, a).flatten(0, 1), v.flatten(0, 1).transpose(1, 2)))
+            joint = (joint * self.blocks_back[b]).view(L, R, T, T).transpose(1, 2).flatten(1)  # (o, r, t)
         if b > 0:
-            back = self.blocks_back[b]                               # (R, O, T)
-            torch.bmm(back, v, out=self._split(beta, a))
-            if self.tangent is not None:
-                torch.bmm(back, dv, out=self._split(dbeta, a))
+            back = self.blocks_back[b]                               # (L R, O, T)
+            for lane in range(L):
+                torch.bmm(back[lane * R:(lane + 1) * R], v[lane], out=self._split(beta, a)[lane])
+                if self.tangent is not None:
+                    torch.bmm(back[lane * R:(lane + 1) * R], dv[lane], out=self._split(dbeta, a)[lane])
         return joint
 
 
