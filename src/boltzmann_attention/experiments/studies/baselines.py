@@ -33,8 +33,11 @@ its own best settings, in stages, each decided by a rule fixed before the runs i
    (0.45-0.83 s with two threads and nothing else running), about 2.7 h a run. Exact at T = 24 is at its
    floor: about 13 G multiply-adds per step in GEMMs of 64 x 4096 x 4096 (an estimate from the split sizes),
    which run at 74-79 GFLOP/s on one thread of that machine. A session lasts 3 h and a run does not survive
-   it (checkpoints are not committed), so each h+J run must start near a session's beginning; softmax and h
-   (3 seeds each) are done, h+J's seeds are not.
+   it (checkpoints are not committed), so each h+J run must start near a session's beginning. Decided on
+   2026-12-02: softmax and h (3 seeds each) are done, and h+J is not run for the committed results. Three
+   seeds take 8-10.5 h of one core (0.58-0.79 s per step measured that day with another run on the second
+   core), and three sessions' attempts were each stopped for work that fits a session. The grid stays in
+   the profile: `reproduce --profile baselines` runs it where that time is available.
 Every run uses AdamW's per-tensor loop (`fused_optimizer=False`), as the first stage's runs did. Later
 stages use the decisions of the earlier ones: `CHOSEN_INIT` and `BEST_LR` below hold them, with the
 measurement that set them in the report.
