@@ -12,10 +12,12 @@ default 0.5 and undamped; Anderson). Then their forward / backward iteration cou
 error of the weights against method 'banded' (exact) at the same J, weak to strong.
 
     PYTHONPATH=src python report/window/bench.py --banded [--banded-baseline COMMIT] --threads 1 --repeats 2
+                                                 [--heads 1] [--d-model 64]
 
 Issue 14 §3 only: mode h against the banded exact layer (relative couplings, range 8), and, with
 ``--banded-baseline``, against ising/banded.py as it was at COMMIT (loaded into a temporary module and
-swapped in for its row), all alternating in one process.
+swapped in for its row), all alternating in one process. ``--T 64 --B 12 --heads 4 --d-model 128`` is one
+layer of the real-size study's model.
 """
 
 from __future__ import annotations
@@ -57,14 +59,15 @@ def layers(T: int, W: int, d_model: int = 64) -> dict[str, BoltzmannAttention]:
     }
 
 
-def banded_layers(T: int, baseline: str | None, d_model: int = 64) -> dict[str, tuple[BoltzmannAttention, tuple]]:
+def banded_layers(T: int, baseline: str | None, d_model: int = 64,
+                  heads: int = 1) -> dict[str, tuple[BoltzmannAttention, tuple]]:
     """Mode h and the banded exact layer (range 8); with a baseline commit, the same layer run through
     ising/banded.py of that commit. Values: (layer, the (marginals, log_partition) pair its row uses)."""
     torch.manual_seed(0)
     current = ising.METHODS["banded"]
-    banded = BoltzmannAttention(d_model, 1, max_len=T, coupling="relative", coupling_range=RANGE, method="banded",
-                                coupling_init_std=0.1)
-    rows = {"h (sigmoid, materialised)": (BoltzmannAttention(d_model, 1, max_len=T, mode="h"), current),
+    banded = BoltzmannAttention(d_model, heads, max_len=T, coupling="relative", coupling_range=RANGE,
+                                method="banded", coupling_init_std=0.1)
+    rows = {"h (sigmoid, materialised)": (BoltzmannAttention(d_model, heads, max_len=T, mode="h"), current),
             f"h+J relative range {RANGE}, banded (exact)": (banded, current)}
     if baseline is not None:
         old = _module_at(baseline, "src/boltzmann_attention/ising/banded.py", "boltzmann_attention.ising._banded_old")
@@ -88,13 +91,13 @@ def _module_at(commit: str, path: str, name: str):
 
 
 def measure(T: int, B: int, W: int, threads: int, repeats: int, baseline: str | None = None,
-            banded_only: bool = False) -> dict[str, float]:
+            banded_only: bool = False, heads: int = 1, d_model: int = 64) -> dict[str, float]:
     torch.set_num_threads(threads)
     if banded_only:
-        mods = banded_layers(T, baseline)
+        mods = banded_layers(T, baseline, d_model, heads)
     else:
         mods = {name: (m, ising.METHODS["banded"]) for name, m in layers(T, W).items()}
-    x = torch.randn(B, T, 64)
+    x = torch.randn(B, T, d_model)
     current = ising.METHODS["banded"]
 
     def step(m, method):
@@ -173,12 +176,18 @@ def main() -> None:
     p.add_argument("--W", type=int, default=16)
     p.add_argument("--banded", action="store_true", help="only mode h and the banded exact layer (issue 14 §3)")
     p.add_argument("--banded-baseline", metavar="COMMIT", help="with --banded: also banded.py at COMMIT")
+    p.add_argument("--heads", type=int, default=1, help="with --banded: heads of both layers")
+    p.add_argument("--d-model", type=int, default=64, help="with --banded: model width of both layers")
     p.add_argument("--no-accuracy", action="store_true", help="skip the error table against banded exact")
     a = p.parse_args()
+    if not a.banded and (a.heads, a.d_model) != (1, 64):
+        p.error("--heads and --d-model apply to --banded only")
     info = machine_info()
     load = os.getloadavg()[0]
-    rows = {t: measure(a.T, a.B, a.W, t, a.repeats, a.banded_baseline, a.banded) for t in a.threads}
-    print(f"T = {a.T}, B = {a.B}, d_model 64, 1 head, causal, float32, fwd+bwd, median of {a.repeats} "
+    rows = {t: measure(a.T, a.B, a.W, t, a.repeats, a.banded_baseline, a.banded, a.heads, a.d_model)
+            for t in a.threads}
+    print(f"T = {a.T}, B = {a.B}, d_model {a.d_model}, {a.heads} head{'s' if a.heads > 1 else ''}, causal, "
+          f"float32, fwd+bwd, median of {a.repeats} "
           f"alternating rounds; {info['processor']}, {info['cpus']} CPUs, torch {info['torch']}, "
           f"commit {info['commit']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
           f"{load:.1f} before, {os.getloadavg()[0]:.1f} after (other processes share the cores)\n")
