@@ -288,6 +288,33 @@ def test_float32_attention_fields_run_in_float32(monkeypatch):
     assert torch.allclose(h32.grad.double(), hh.grad, rtol=0, atol=1e-4)
 
 
+def test_float32_past_its_bound_runs_scaled_in_float64(monkeypatch):
+    """Couplings past float32's bound for the scaled recursion but within float64's run it in float64, not
+    in the log domain: float32 results within float32 rounding of the float64 reference, gradients too."""
+    g = torch.Generator().manual_seed(15)
+    n, w = 16, 8
+    h = torch.randn(4, n, generator=g, dtype=torch.float64)
+    J = banded_couplings(1.0 * torch.randn(n, n, generator=g, dtype=torch.float64), w)
+    range_ = banded._window_max(banded._band(J, w).abs().sum(1), w + banded._block_size(w))
+    assert banded._linear_limit(w, n, torch.float32) < range_ < banded._linear_limit(w, n, torch.float64)
+    mask = make_mask("prefix", 4, n, g)
+    dtypes = []
+    original = banded._Scaled.__init__
+    monkeypatch.setattr(banded._Scaled, "__init__",
+                        lambda self, c, *args: dtypes.append(c.dtype) or original(self, c, *args))
+    monkeypatch.setattr(banded, "_LogDomain", None)  # any use of the log domain fails
+    h32 = h.float().requires_grad_()
+    m = banded.marginals(h32, J.float(), None, mask, bandwidth=w)
+    m.sum().backward()
+    assert set(dtypes) == {torch.float64} and m.dtype == torch.float32
+    assert torch.allclose(m.double(), reference.marginals(h, J, None, mask), rtol=0, atol=1e-5)
+    assert torch.allclose(banded.log_partition(h.float(), J.float(), None, mask).double(),
+                          reference.log_partition(h, J, None, mask), rtol=1e-6, atol=0)
+    hh = h.clone().requires_grad_()
+    reference.marginals(hh, J, None, mask).sum().backward()
+    assert torch.allclose(h32.grad.double(), hh.grad, rtol=0, atol=1e-4)
+
+
 def test_long_chain_against_independent_pieces():
     """n = 200 (beyond the reference): couplings that vanish between two halves factorise the problem."""
     g = torch.Generator().manual_seed(12)
