@@ -169,13 +169,14 @@ LONG_EVAL_WINDOWS = 512
 # h: 3e-4 2.1001, 1e-3 1.8797, 3e-3 1.8401: best at the edge, so 1e-2 was added: 2.4404; decided, 3e-3.
 # window16: 3e-4 1.9062, 1e-3 1.7865, 3e-3 1.7532: best at the edge, so 1e-2 was added: 1.8026; decided, 3e-3.
 # meanfield8: 3e-4 2.0612, 1e-3 1.9083, 3e-3 1.8488: best at the edge, so 1e-2 was added: 1.9037; decided, 3e-3.
-# banded8: 3e-4 2.0613, 1e-3 1.9100, 3e-3 1.8469: best at the edge, so 1e-2 is added (its run was started
-#   before 3e-4's result, on a core that was free; the rule adds it now).
+# banded8: 3e-4 2.0613, 1e-3 1.9100, 3e-3 1.8469: best at the edge, so 1e-2 was added (its run started
+#   before 3e-4's result, on a core that was free): 1.8614; decided, 3e-3.
 EXTRA_LEARNING_RATES: dict[str, tuple[float, ...]] = {"softmax": (1e-2,), "h": (1e-2,),  # arm -> lrs added
                                                       "window16": (1e-2,), "meanfield8": (1e-2,),
                                                       "banded8": (1e-2,)}
 DIVERGED: dict[str, tuple[float, ...]] = {}              # arm -> lrs at which a stage-1 run diverged
-BEST_LR: dict[str, float] = {"softmax": 3e-3, "h": 3e-3, "window16": 3e-3, "meanfield8": 3e-3}  # arm -> lr
+BEST_LR: dict[str, float] = {"softmax": 3e-3, "h": 3e-3, "window16": 3e-3, "meanfield8": 3e-3,  # arm -> lr
+                             "banded8": 3e-3}
 
 
 def variant(arm: str, lr: float, T: int = NANOGPT_T) -> str:
