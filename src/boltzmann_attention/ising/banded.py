@@ -34,8 +34,8 @@ Numerics. Two recursions, chosen per group of queries sharing J:
   the relative error from underflow is at most n 4^w tiny exp(R); the path is used when this is below
   the dtype's eps, i.e. R <= log(1 / tiny) - log(1 / eps) - log n - 2 w log 2 (about 53 in float32 at
   n = 1024, w = 8; 650 in float64). float32 inputs past float32's bound and within float64's run this
-  path in float64 (2-3x faster than the log domain, which learned couplings of |J| ~ 0.3 at w = 8
-  reached in training), and the log-domain path is used otherwise. Large fields are safe.
+  path in float64 (about 2x faster than the log domain, measured; learned couplings of |J| ~ 0.3 at
+  w = 8 reached float32's bound in training), and the log-domain path is used otherwise. Large fields are safe.
   Subnormal numbers (arithmetic on them is ~40x slower on CPUs) are flushed to zero on the calling
   thread and exp arguments are floored at log(tiny) + 1: both only touch entries below e * tiny
   relative to the largest, inside the same bound. So float32 runs in float32 (before: in float64
@@ -267,13 +267,15 @@ def _lanes(gi: int, fields: Tensor, band: Tensor, present: Tensor | None, direct
         holes = bool((count != ends + 1).any())
         fields = fields * present
     coupling_range = _window_max(band.abs().sum(1), w + _block_size(w))
-    linear = not holes and coupling_range <= _linear_limit(w, n, fields.dtype)
-    if not holes and not linear and coupling_range <= _linear_limit(w, n, torch.float64):
-        # past float32's bound, within float64's: the scaled recursion in float64 (k spins per GEMM) is still
-        # 2-3x faster than the log domain (one spin per step); results are cast back
-        fields, band, linear = fields.double(), band.double(), True
-        direction = direction.double() if direction is not None else None
-        weights = weights.double() if weights is not None else None
+    # the scaled recursion in the input's dtype if its underflow bound allows, else in float64 (past float32's
+    # bound it is still about 2x faster than the log domain's one spin per step; results are cast back)
+    scaled = None if holes else next((d for d in (fields.dtype, torch.float64)
+                                      if coupling_range <= _linear_limit(w, n, d)), None)
+    linear = scaled is not None
+    if linear and scaled != fields.dtype:
+        fields, band = fields.to(scaled), band.to(scaled)
+        direction = direction.to(scaled) if direction is not None else None
+        weights = weights.to(scaled) if weights is not None else None
     k = _block_size(w) if linear else 1
     padded = torch.cat([band.new_zeros(w + k - 1, w), band])
     order = torch.argsort(ends, descending=True, stable=True)
@@ -594,10 +596,12 @@ class _Scaled:
             joint = (joint * self.blocks_back[b]).view(L, R, T, T).transpose(1, 2).flatten(1)  # (o, r, t)
         if b > 0:
             back = self.blocks_back[b]                               # (L R, O, T)
+            into = self._split(beta, a)
+            dinto = self._split(dbeta, a) if self.tangent is not None else None
             for lane in range(L):
-                torch.bmm(back[lane * R:(lane + 1) * R], v[lane], out=self._split(beta, a)[lane])
-                if self.tangent is not None:
-                    torch.bmm(back[lane * R:(lane + 1) * R], dv[lane], out=self._split(dbeta, a)[lane])
+                torch.bmm(back[lane * R:(lane + 1) * R], v[lane], out=into[lane])
+                if dinto is not None:
+                    torch.bmm(back[lane * R:(lane + 1) * R], dv[lane], out=dinto[lane])
         return joint
 
 
