@@ -112,13 +112,18 @@ def test_functional_errors():
 
 
 @pytest.mark.parametrize("mode", ["softmax", "h", "J", "h+J", "h+K", "h+J+K"])
-@pytest.mark.parametrize("method", ["exact", "banded", "meanfield", "tap"])
+@pytest.mark.parametrize("method", ["exact", "banded", "meanfield", "tap", "window"])
 def test_causal_parity(mode, method):
-    """Changing future tokens leaves earlier outputs unchanged, for every mode and method."""
-    if "K" in mode and method != "exact":
+    """Changing future tokens leaves earlier outputs unchanged, for every mode and method (and for the
+    coupled window, solved exactly)."""
+    if "K" in mode and method not in ("exact", "window"):
         pytest.skip("three-body couplings need method='exact'")
+    if method == "window" and mode not in ("J", "h+J"):
+        pytest.skip("the coupled window needs pairwise couplings alone")
     torch.manual_seed(0)
-    coupling = {"coupling": "relative", "coupling_range": 3} if method == "banded" else {}
+    coupling = {"banded": {"coupling": "relative", "coupling_range": 3},
+                "window": {"coupling": "window", "coupling_window": 3}}.get(method, {})
+    method = "exact" if method == "window" else method
     layer = BoltzmannAttention(16, 2, max_len=9, mode=mode, method=method, coupling_init_std=0.3, **coupling)
     x = torch.randn(2, 9, 16)
     y = x.clone()
