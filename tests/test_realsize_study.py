@@ -160,6 +160,7 @@ def test_stage_one_report_applies_the_rule(tmp_path, monkeypatch):
     for arm, by_lr in STAGE1.items():
         for lr, loss in by_lr.items():
             _plant(tmp_path, arm, lr, 0, loss)
+    _plant(tmp_path, "softmax", 1e-3, 1, 1.5, step_s=1.0)  # a stage-2 seed: in neither column of stage 1
     text = write_report(tmp_path, tmp_path / "report").read_text()
     table = table_after(text, "## Stage 1: each arm's learning rate")
     assert len(table) == len(ARMS) - 1  # table_after keys rows by their first cell: one row per arm here

@@ -349,13 +349,14 @@ def learning_rate_section(res: Results) -> list[str]:
         for lr in arm_learning_rates(a.name):
             found = per_seed(res, a.name, lr)
             loss = {s: v for s, v in found["loss"].items() if s in LR_SEEDS}
+            step_s = [v for s, v in found["step_s"].items() if s in LR_SEEDS]  # the same runs as the loss
             diverged = lr in DIVERGED.get(a.name, ())
             if not loss and not diverged:
                 continue
             bold = decided.get(a.name, (None,))[0] == lr
             rows.append([a.name, f"**{lr:g}**" if bold else f"{lr:g}",
                          "diverged" if diverged else fmt_stat(stat(loss.values()), digits=4),
-                         fmt_num(1000 * statistics.mean(found["step_s"].values()), 0) if found["step_s"] else ""])
+                         fmt_num(1000 * statistics.mean(step_s), 0) if step_s else ""])
     if not rows:
         return []
     lines = ["## Stage 1: each arm's learning rate", "",
