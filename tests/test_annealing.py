@@ -425,3 +425,19 @@ def test_validate_options_accepts_the_training_settings():
         ising.validate_options("dqa", dict(target_beta=1.0, gradient=gradient, num_samples=100))
     ising.validate_options("dqa", dict(energy_scale=0.0345, trotter_steps=800, schedule="dwave_quadratic", seed=3))
     ising.validate_options("dqa", {})
+
+
+@pytest.mark.parametrize("gap", [1e-3, 1.0, 100.0, 1e4])
+@pytest.mark.parametrize("beta", [5.0, -5.0, 0.01])
+def test_fit_beta_two_levels_at_any_gap(gap, beta):
+    """Two levels: p_1 / p_0 = exp(-beta gap), so beta = log(p_0 / p_1) / gap in closed form, as long as p_1 is
+    representable; past that p is a point mass, colder (or hotter) than every beta: +-max_beta."""
+    E = torch.tensor([3.0, 3.0 + gap], dtype=DT)
+    p = torch.softmax(-beta * E, -1)
+    fit = annealing.fit_beta(p, E)
+    if bool((p > 0).all()):
+        expected = float(torch.log(p[0] / p[1]) / gap)
+        assert float(fit.beta) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    else:
+        assert float(fit.beta) == math.copysign(1e3, beta)
+    assert float(fit.kl) < 1e-12

@@ -467,10 +467,16 @@ def fit_beta(probabilities: Tensor, energies: Tensor, *, max_beta: float = 1e3) 
 
     probabilities p and energies E: (..., C) over the same C states (computed in float64). KL(p || p_beta)
     = sum p log p + beta <E>_p + log Z(beta) is convex in beta: its derivative is <E>_p - <E>_beta and its
-    second derivative Var_beta(E) >= 0. So the minimiser is the root of <E>_beta = <E>_p (moment matching),
-    found by Newton steps kept inside a bisection bracket [-max_beta, max_beta] (to 1e-12 relative).
-    beta is -max_beta or +max_beta where p is hotter or colder than every beta in range (e.g. p on the ground
-    states only: beta -> infinity), and 0 where E is constant over the states (every beta fits alike).
+    second derivative Var_beta(E) >= 0. So the minimiser is the root of <E>_beta = <E>_p (moment matching).
+
+    The root is found on the side of beta = 0 that p lies on (beta >= 0 when <E>_p is at most the uniform
+    mean; otherwise the mirrored problem with -E), with energies measured from the lowest, dE >= 0, and the
+    equation taken in logs: log <dE>_beta = log <dE>_p, whose left side falls with slope Var(dE) / <dE> and
+    becomes linear in beta for cold distributions, where <dE>_beta ~ exp(-beta gap). Newton steps on it stay
+    inside a bisection bracket [0, max_beta] and converge to 1e-12 relative in a few steps at any gap, with no
+    underflow (every mean is a logsumexp). beta is +-max_beta where p is colder or hotter than every beta in
+    range (p on the lowest states only: beta -> infinity), and 0 where E is constant over the states (every
+    beta fits alike).
     """
     if not isinstance(probabilities, Tensor) or not isinstance(energies, Tensor) \
             or probabilities.shape != energies.shape or probabilities.dim() < 1:
@@ -482,27 +488,37 @@ def fit_beta(probabilities: Tensor, energies: Tensor, *, max_beta: float = 1e3) 
     if not (torch.isfinite(p).all() and torch.isfinite(E).all()) or (p < 0).any() \
             or ((p.sum(-1) - 1).abs() > 1e-6).any():
         raise ValueError("probabilities must be finite, >= 0 and sum to 1 over the last dimension; energies finite")
-    target = (p * E).sum(-1)                                     # <E>_p
     spread = E.amax(-1) - E.amin(-1)
     constant = spread <= 1e-12 * (1.0 + E.abs().amax(-1))
-    lo = torch.full_like(target, -float(max_beta))
-    hi = torch.full_like(target, float(max_beta))
-    beta = torch.zeros_like(target)
-    for _ in range(400):  # Newton converges in ~10; plain bisection of [-1e3, 1e3] to 1e-12 would need ~50
-        w = torch.softmax(-beta[..., None] * E, -1)
-        mean = (w * E).sum(-1)
-        var = (w * (E - mean[..., None]).square()).sum(-1)
-        g = target - mean                                        # d KL / d beta, increasing in beta
-        hi = torch.where(g > 0, beta, hi)
-        lo = torch.where(g < 0, beta, lo)
-        newton = beta - g / var.clamp(min=1e-300)
-        inside = (var > 0) & (newton > lo) & (newton < hi)
+    sign = torch.where((p * E).sum(-1) > E.mean(-1), -1.0, 1.0)  # hotter than uniform: the mirrored problem
+    dE = sign[..., None] * E
+    dE = dE - dE.amin(-1, keepdim=True)
+    log_dE = dE.log()                                            # -inf on the lowest states
+    log_target = (p * dE).sum(-1).log()                          # -inf: p on the lowest states only
+
+    def log_moments(beta: Tensor) -> tuple[Tensor, Tensor]:
+        """log <dE>_beta and log <dE^2>_beta."""
+        logits = -beta[..., None] * dE
+        log_z = torch.logsumexp(logits, -1)
+        return torch.logsumexp(logits + log_dE, -1) - log_z, torch.logsumexp(logits + 2 * log_dE, -1) - log_z
+
+    lo, hi = torch.zeros_like(log_target), torch.full_like(log_target, float(max_beta))
+    beta = torch.where(torch.isinf(log_target), hi, lo)
+    for _ in range(200):  # Newton: a few steps; bisection alone would need about 50
+        log_m1, log_m2 = log_moments(beta)
+        g = log_m1 - log_target                                  # falls as beta grows; the root is g = 0
+        lo = torch.where(g > 0, beta, lo)
+        hi = torch.where(g < 0, beta, hi)
+        slope = (log_m2 - log_m1).exp() - log_m1.exp()           # -d log<dE>/d beta = Var(dE) / <dE> >= 0
+        newton = beta + g / slope.clamp(min=1e-300)
+        inside = (slope > 0) & (newton > lo) & (newton < hi)
         new = torch.where(inside, newton, (lo + hi) / 2)
-        new = torch.where((g == 0) | constant, torch.where(constant, 0.0, beta), new)
+        new = torch.where((g == 0) | torch.isinf(log_target), beta, new)
         done = bool(((new - beta).abs() <= 1e-12 * (1.0 + beta.abs())).all())
         beta = new
         if done:
             break
+    beta = torch.where(constant, 0.0, sign * beta)
     return BetaFit(beta, _kl(p, torch.log_softmax(-beta[..., None] * E, -1)))
 
 
