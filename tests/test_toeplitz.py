@@ -113,7 +113,7 @@ def test_errors():
     with pytest.raises(ValueError, match=r"shape \(H, w\)"):
         boltzmann_attention(q, k, v, couplings=toeplitz.Toeplitz(profile), method="meanfield")
     with pytest.raises(ValueError, match="profile of shape"):
-        toeplitz.Toeplitz(torch.zeros(3, 0))
+        toeplitz.Toeplitz(torch.zeros(()))  # a scalar: no distance axis (width 0 is allowed: no couplings)
     with pytest.raises(ValueError, match="NaN or inf"):
         toeplitz.Toeplitz(torch.tensor([float("nan")]))
     with pytest.raises(ValueError, match="does not broadcast"):
@@ -165,3 +165,24 @@ def test_layer_takes_the_anderson_solver():
                                coupling_init_std=0.2, method_options={**options, "tol": 1e-7})
         out[len(options)] = m(x)[0]
     torch.testing.assert_close(out[0], out[2], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("tap", [False, True])
+def test_range_zero_means_no_couplings(tap):
+    """A profile of width 0 is J = 0 (as exact and banded read coupling_range 0): m = tanh(h), masked."""
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(2, 3, 6, dtype=torch.float64, generator=g)
+    mask = torch.rand(2, 3, 6, generator=g) > 0.3
+    profile = torch.zeros(2, 1, 0, dtype=torch.float64, requires_grad=True)
+    m, info = toeplitz.solve(h, toeplitz.Toeplitz(profile), mask, tap=tap)
+    assert torch.allclose(m, torch.tanh(h) * mask, atol=1e-12) and bool(info.converged.all())
+    m.sum().backward()
+    assert profile.grad.shape == profile.shape
+    assert torch.equal(toeplitz.Toeplitz(profile.detach()[0]).dense(4), torch.zeros(1, 4, 4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("chunks", [0, -1, 2.5, True])
+def test_causal_marginals_refuses_bad_chunks(chunks):
+    h = torch.zeros(4, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="chunks"):
+        toeplitz.causal_marginals(h, toeplitz.Toeplitz(torch.zeros(1, dtype=torch.float64)), chunks=chunks)

@@ -45,15 +45,15 @@ BLOCK = 64
 
 @dataclass(frozen=True)
 class Toeplitz:
-    """J_jk = profile[..., |j - k| - 1] for 1 <= |j - k| <= w = profile.shape[-1], 0 beyond."""
+    """J_jk = profile[..., |j - k| - 1] for 1 <= |j - k| <= w = profile.shape[-1], 0 beyond (w = 0: J = 0)."""
 
     profile: Tensor
 
     def __post_init__(self):
         p = self.profile
-        if not isinstance(p, Tensor) or not p.is_floating_point() or p.dim() < 1 or p.shape[-1] < 1:
-            raise ValueError("Toeplitz couplings need a floating-point profile of shape (..., w), w >= 1: "
-                             "profile[..., d - 1] = J_jk for |j - k| = d")
+        if not isinstance(p, Tensor) or not p.is_floating_point() or p.dim() < 1:
+            raise ValueError("Toeplitz couplings need a floating-point profile of shape (..., w), w >= 0: "
+                             "profile[..., d - 1] = J_jk for |j - k| = d (w = 0: no couplings)")
         if not torch.isfinite(p).all():
             raise ValueError("the Toeplitz profile contains NaN or inf")
 
@@ -237,6 +237,8 @@ def solve(h: Tensor, couplings: Toeplitz, mask: Tensor | None = None, *, tap: bo
         raise ValueError(f"the batch shape {tuple(profile.shape[:-1])} of the Toeplitz profile does not "
                          f"broadcast with h's batch shape {tuple(h.shape[:-1])}") from None
     n = h.shape[-1]
+    if profile.shape[-1] == 0:  # no couplings: one zero distance, so that the operator has a band
+        profile = F.pad(profile, (0, 1))
     profile = profile[..., :max(n - 1, 1)]  # distances >= n do not occur
     w = profile.shape[-1]
     P = max(min(block, n), w)  # blocks of P spins, P >= w so that a block only couples to its neighbours
@@ -273,6 +275,7 @@ def causal_marginals(h: Tensor, couplings: Toeplitz, mask: Tensor | None = None,
     solved on h[..., rows, :r + 1]: about (chunks + 1) / (2 chunks) of the work. mask (broadcastable to h)
     must already exclude j > i. Returns m (..., L, S) (0 beyond each group's keys) and one info per group.
     """
+    check_int("chunks", chunks, 1)
     L, S = h.shape[-2:]
     bounds = sorted({0, *(min(L, round(L * c / chunks)) for c in range(1, chunks + 1))})
     pieces, infos = [], []
