@@ -136,10 +136,10 @@ def _symmetrised(x):
 
 
 @pytest.mark.parametrize("with_K", [False, True])
-def test_bucketed_and_per_pattern_paths_agree(monkeypatch, with_K):
+def test_every_bucketing_matches_reference(monkeypatch, with_K):
     """Causal masks go through size buckets padded with free spins; every bucketing (all patterns in one
-    padded call, one call per size, the cost model's choice) and the per-pattern path must agree."""
-    from boltzmann_attention.ising import exact
+    padded call, one call per size, the cost model's choice) gives the reference's values and gradients."""
+    from boltzmann_attention.ising import planner
 
     n = 6
     g = torch.Generator().manual_seed(4)
@@ -147,18 +147,22 @@ def test_bucketed_and_per_pattern_paths_agree(monkeypatch, with_K):
     J = symmetric_couplings(n, 3, 1, generator=g).requires_grad_()
     K = symmetric_three_body(n, 3, 1, scale=0.3, generator=g).requires_grad_() if with_K else None
     causal = torch.ones(n, n, dtype=torch.bool).tril()
-    results = []
-    for bucketed, overhead in ((True, exact._CALL_OVERHEAD), (True, 1e30), (True, 0), (False, 0)):
-        monkeypatch.setattr(exact, "_BUCKETED", bucketed)
-        monkeypatch.setattr(exact, "_CALL_OVERHEAD", overhead)
-        m = ising.marginals(h, J, K, mask=causal)
-        logz = ising.log_partition(h, J, K, mask=causal)
-        inputs = (h, J) + ((K,) if with_K else ())
+    inputs = (h, J) + ((K,) if with_K else ())
+
+    def values_and_gradients(marginals, log_partition):
+        m, logz = marginals(h, J, K, causal), log_partition(h, J, K, causal)
         grads = torch.autograd.grad((m**2).sum() + logz.sum(), inputs)
         # J and K are symmetric: only the gradient summed over the equal entries is path independent
-        results.append((m, logz, grads[0], grads[1] + grads[1].mT, *(grads[2:] and [_symmetrised(grads[2])])))
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
+        return (m, logz, grads[0], grads[1] + grads[1].mT, *(grads[2:] and [_symmetrised(grads[2])]))
+
+    expected = values_and_gradients(reference.marginals, reference.log_partition)
+    sizes = set()
+    for overhead in (planner.CALL_OVERHEAD, 1e30, 0):
+        monkeypatch.setattr(planner, "CALL_OVERHEAD", overhead)
+        plan = planner.plan(*planner.mask_patterns(causal.expand(3, n, n).reshape(3, n, n))[::2], torch.float64)
+        sizes.add(len(plan.buckets))
+        result = values_and_gradients(lambda *a: ising.marginals(*a[:3], mask=a[3]),
+                                      lambda *a: ising.log_partition(*a[:3], mask=a[3]))
+        for a, b in zip(result, expected):
             torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
-    torch.testing.assert_close(results[0][0], reference.marginals(h, J, K, causal), atol=1e-12, rtol=0)
-    torch.testing.assert_close(results[0][1], reference.log_partition(h, J, K, causal), atol=1e-12, rtol=0)
+    assert {1, n} <= sizes  # one padded call (huge overhead) and one call per size (no overhead) both ran
