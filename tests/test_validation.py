@@ -122,6 +122,8 @@ def test_records_derive_the_public_tables():
         assert record.limit
     assert methods.REGISTRY["exact"].kind == "exact" and "max_spins" in methods.REGISTRY["exact"].limit
     assert methods.REGISTRY["meanfield"].kind == "approximate"
+    assert methods.methods_with("toeplitz") == ("meanfield", "tap") and methods.methods_with("window") == ("exact",)
+    assert set(methods.methods_with("three_body")) == {"exact", "reference", "meanfield"}
 
 
 def test_resolve_method_names_the_methods_and_takes_dimod_samplers():

@@ -168,6 +168,7 @@ class BoltzmannAttention(nn.Module):
             coupling_range = max_len - 1
         self.embed_dim, self.num_heads, self.max_len = embed_dim, num_heads, max_len
         self.mode, self.method, self.causal = mode, method, causal
+        self._toeplitz = ising.resolve_method(method).toeplitz  # relative J goes to the solver as its profile
         self.method_options = dict(method_options or {})
         if method == "banded" and coupling == "relative" and uses_J:  # J's band is known: J_jk = 0 beyond the range
             self.method_options.setdefault("bandwidth", coupling_range)
@@ -227,7 +228,7 @@ class BoltzmannAttention(nn.Module):
                 raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {L})")
             attn_mask = ~key_padding_mask[:, None, None, :]
         couplings = None
-        if isinstance(self.couplings, RelativeCouplings) and self.method in ("meanfield", "tap"):
+        if isinstance(self.couplings, RelativeCouplings) and self._toeplitz:
             couplings = ising.toeplitz.Toeplitz(self.couplings.weight)  # f(1) .. f(range), (H, range)
         elif self.couplings is not None:
             couplings = self.couplings(L)

@@ -25,6 +25,7 @@ from . import ising
 from .ising import window as window_ising
 from .ising._inputs import _check_finite as check_finite
 from .ising._inputs import check_int, check_real
+from .ising.methods import methods_with, resolve_method
 
 __all__ = ["MODES", "COUPLINGS", "WINDOW_MODES", "mode_terms", "check_options", "check_call", "check_values",
            "check_layer_sizes", "check_sizes", "check_finite", "check_int", "check_real"]
@@ -39,6 +40,12 @@ def mode_terms(mode: str) -> tuple[bool, bool, bool]:
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
     return mode != "J", "J" in mode, "K" in mode
+
+
+def _names(names: tuple[str, ...]) -> str:
+    """'a', 'a' and 'b', 'a', 'b' and 'c'."""
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
 def _check_bool(name: str, flag) -> None:
@@ -79,14 +86,15 @@ def check_options(mode: str, method, method_options: dict | None, *, causal: boo
     if mode not in WINDOW_MODES:
         raise ValueError(f"coupling_window needs a mode with pairwise couplings and no three-body terms "
                          f"({' or '.join(map(repr, WINDOW_MODES))}), got mode {mode!r}")
-    if method != "exact":
-        raise ValueError(f"coupling_window is computed by method 'exact' only, got {method!r}")
+    if not resolve_method(method).window:
+        raise ValueError(f"coupling_window is computed by method {_names(methods_with('window'))} only, "
+                         f"got {method!r}")
     if not causal:
         raise ValueError("coupling_window needs is_causal=True (slot a is key i - a, the keys before query i)")
     unknown = set(options) - {"max_spins"}
     if unknown:
         raise ValueError(f"unknown method_options {sorted(unknown)} for coupling_window; it takes 'max_spins'")
-    ising.validate_options("exact", options)
+    ising.validate_options(method, options)
     window_ising.check_window(None, coupling_window, options.get("max_spins", window_ising.MAX_SPINS))
 
 
@@ -208,9 +216,9 @@ def _check_couplings(name: str, x: Tensor | None, query: Tensor, S: int, order: 
 
 
 def _check_toeplitz(couplings, three_body, method, coupling_window) -> None:
-    if method not in ("meanfield", "tap"):
-        raise ValueError(f"Toeplitz couplings are solved by methods 'meanfield' and 'tap', got {method!r}; pass "
-                         "the dense J (Toeplitz.dense(S)) to the other methods")
+    if not resolve_method(method).toeplitz:
+        raise ValueError(f"Toeplitz couplings are solved by methods {_names(methods_with('toeplitz'))}, got "
+                         f"{method!r}; pass the dense J (Toeplitz.dense(S)) to the other methods")
     if three_body is not None or coupling_window is not None:
         raise ValueError("Toeplitz couplings take no three_body and no coupling_window")
     if couplings.profile.dim() != 2:

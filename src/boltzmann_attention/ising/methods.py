@@ -33,7 +33,9 @@ class Method:
     options: the option names it takes; check_options(options): ValueError, naming the option, for a value
     the method would refuse at its first call (called at construction of a layer, not at its first forward);
     kind: 'exact', 'approximate' or 'sampled'; limit: the limit in words, with the option that moves it;
-    three_body: whether it takes three-body couplings K.
+    three_body: whether it takes three-body couplings K; toeplitz: whether it also solves J_jk = f(|j - k|)
+    given as its profile (``ising.toeplitz``, never an (n, n) matrix); window: whether it also solves the
+    coupled window (``ising.window``, a slot-indexed J shared by all queries).
     """
 
     name: str
@@ -44,6 +46,8 @@ class Method:
     limit: str
     check_options: Callable[[dict], None]
     three_body: bool = False
+    toeplitz: bool = False
+    window: bool = False
 
     @property
     def sampled(self) -> bool:
@@ -146,7 +150,8 @@ _SAMPLED_LIMIT = "any n; stochastic (option num_samples), marginals only (no log
 
 REGISTRY: dict[str, Method] = {m.name: m for m in (
     Method("exact", exact.marginals, exact.log_partition, keyword_options(exact.marginals), "exact",
-           f"n <= {exact.MAX_SPINS} present spins per query (option max_spins)", _exact_options, three_body=True),
+           f"n <= {exact.MAX_SPINS} present spins per query (option max_spins)", _exact_options, three_body=True,
+           window=True),
     Method("reference", lambda h, J, K, mask: reference.marginals(h, J, K, mask),
            lambda h, J, K, mask: reference.log_partition(h, J, K, mask), frozenset(), "exact",
            "n <= 20 spins (brute force in float64, the test oracle)", _no_options, three_body=True),
@@ -155,11 +160,11 @@ REGISTRY: dict[str, Method] = {m.name: m for m in (
            _banded_options),
     Method("meanfield", meanfield.marginals, meanfield.log_partition, keyword_options(meanfield.marginals),
            "approximate", "any n; may not converge (options max_iter, damping, solver, on_fail)", _meanfield_options,
-           three_body=True),
+           three_body=True, toeplitz=True),
     Method("tap", _tap(meanfield.marginals), _tap(meanfield.log_partition),
            keyword_options(meanfield.marginals, frozenset({"tap"})), "approximate",
            "any n, pairwise only; may not converge (options max_iter, damping, solver, on_fail)",
-           lambda options: _meanfield_options({**options, "tap": True})),
+           lambda options: _meanfield_options({**options, "tap": True}), toeplitz=True),
     Method("gibbs", mcmc.gibbs, None, keyword_options(mcmc.gibbs_marginals), "sampled", _SAMPLED_LIMIT,
            _gibbs_options),
     Method("pt", mcmc.pt, None, keyword_options(mcmc.pt_marginals), "sampled", _SAMPLED_LIMIT, _pt_options),
@@ -185,3 +190,8 @@ def resolve_method(method) -> Method:
     if not isinstance(method, str) or method not in REGISTRY:
         raise ValueError(f"unknown method {method!r}; choose one of {sorted(REGISTRY)}")
     return REGISTRY[method]
+
+
+def methods_with(attribute: str) -> tuple[str, ...]:
+    """The names of the registered methods whose record has ``attribute`` true (e.g. 'toeplitz', 'window')."""
+    return tuple(name for name, m in REGISTRY.items() if getattr(m, attribute))

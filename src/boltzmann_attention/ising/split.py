@@ -162,7 +162,7 @@ class CouplingTable:
         return torch.matmul(self.left[g, r], self.right[g].transpose(-1, -2), out=out)
 
     def __iter__(self):
-        """(group, row slice, K block (rows, 2^b) or (G, 2^a, 2^b))."""
+        """(group, row slice, T block (rows, 2^b) or (G, 2^a, 2^b))."""
         if self.kept is not None:
             yield slice(None), slice(None), (torch.nan_to_num(self.kept, 0.0, 0.0, 0.0) if self.sanitise
                                              else self.kept)
@@ -225,11 +225,11 @@ def _contract_backward(saved, grad_m, grad_logz, table_grad: bool, right_grad: b
     f_b = grad_m[..., a:] @ SB.T
     c = (grad_logz - (grad_m * m).sum(-1))[..., None]  # g_Z - <f>
     ur, vr = u * r[..., None], v * r[..., None]
-    k_vf, k_uf = table.products(u * f_a, v * f_b)  # T (v f_b) and T^T (u f_a)
-    grad_u = pa * (f_a + c) + ur * k_vf
-    grad_v = pb * (f_b + c) + vr * k_uf
+    t_vf, t_uf = table.products(u * f_a, v * f_b)  # T (v f_b) and T^T (u f_a)
+    grad_u = pa * (f_a + c) + ur * t_vf
+    grad_v = pb * (f_b + c) + vr * t_uf
     grad_left = grad_right = None
-    if table_grad:  # dL/dC = K * (xu @ xv) summed over queries, a rank-2q product read block by block
+    if table_grad:  # dL/dC = T * (xu @ xv) summed over queries, a rank-2q product read block by block
         left, right = table.left, table.right
         xu = torch.cat([ur * (f_a + c), ur], dim=1).transpose(-1, -2)   # (G, 2^a, 2q)
         xv = torch.cat([v, v * f_b], dim=1)                             # (G, 2q, 2^b)
