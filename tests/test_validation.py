@@ -126,6 +126,24 @@ def test_records_derive_the_public_tables():
     assert set(methods.methods_with("three_body")) == {"exact", "reference", "meanfield"}
 
 
+@pytest.mark.parametrize("name", sorted(methods.REGISTRY))
+def test_three_body_flag_is_what_the_method_does(name):
+    """A record with three_body runs with K (an exact one matches the reference); one without refuses K."""
+    h = torch.tensor([[0.3, -0.2, 0.5]], dtype=torch.float64)
+    K = torch.zeros(3, 3, 3, dtype=torch.float64)
+    for p in ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)):
+        K[p] = 0.4
+    options = {"num_samples": 8, "seed": 0} if methods.REGISTRY[name].sampled else {}
+    if methods.REGISTRY[name].three_body:
+        m = ising.marginals(h, None, K, method=name, **options)
+        assert m.shape == h.shape and torch.isfinite(m).all()
+        if methods.REGISTRY[name].kind == "exact":
+            torch.testing.assert_close(m, ising.reference.marginals(h, None, K), atol=1e-12, rtol=0)
+    else:
+        with pytest.raises(ValueError, match="pairwise|K must be None"):
+            ising.marginals(h, None, K, method=name, **options)
+
+
 def test_resolve_method_names_the_methods_and_takes_dimod_samplers():
     with pytest.raises(ValueError, match="unknown method 'magic'; choose one of"):
         ising.resolve_method("magic")

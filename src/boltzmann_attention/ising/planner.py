@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 # Bucketing cost model, in units of (query x state): a call costs CALL_OVERHEAD, and each pattern padded
-# to L spins costs (queries + TABLE_COST) * 2^L. Scanned on a 2-core CPU (1 thread): 2^21 was best at n = 12, 16.
+# to L spins costs (queries + TABLE_COST) * 2^L. CALL_OVERHEAD is tuned for a CPU thread at n = 12 and 16.
 CALL_OVERHEAD = 2**21
 TABLE_COST = 8
 
