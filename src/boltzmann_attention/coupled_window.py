@@ -12,7 +12,9 @@ with J = 0 it is sigmoid attention. The window marginals come from :mod:`boltzma
 the sequence for the first W - 1 queries) are removed from every term and get weight 0.
 
 The output is (sigmoid(2h) masked to j <= i - W) @ v plus the band sum_a a_{i,i-a} v_{i-a}; the dense
-(B, H, L, S) weights are only assembled when asked for.
+(B, H, L, S) weights are only assembled when asked for. The definition by enumeration is
+``naive.naive_boltzmann_attention(..., coupling_window=W)``, which this is tested against; the design is in
+docs/design.md, "Coupled window".
 """
 
 from __future__ import annotations
