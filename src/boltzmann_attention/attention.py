@@ -150,7 +150,9 @@ class BoltzmannAttention(nn.Module):
     independent, any length, causal, method 'exact'; ``coupling_window_relative=True`` for J_ab = f(|a - b|)).
     With 'relative' and method 'meanfield' or 'tap', J goes to the solver as its profile (a Toeplitz operator
     applied in blocks), not as an (L, L) matrix: the same model and method, fewer operations. All options are
-    checked here, before any training.
+    checked here, before any training, by the rules the functional form applies
+    (:func:`boltzmann_attention.validation.check_options`); a forward checks only x, key_padding_mask and the
+    values of the field.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, max_len: int, mode: str = "h+J",
@@ -172,7 +174,6 @@ class BoltzmannAttention(nn.Module):
         self.method_options = dict(method_options or {})
         if method == "banded" and coupling == "relative" and uses_J:  # J's band is known: J_jk = 0 beyond the range
             self.method_options.setdefault("bandwidth", coupling_range)
-            ising.validate_options(method, self.method_options)
         self.query = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
         self.key = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
         self.value = nn.Linear(embed_dim, embed_dim, bias=bias)
