@@ -166,3 +166,31 @@ def test_every_bucketing_matches_reference(monkeypatch, with_K):
         for a, b in zip(result, expected):
             torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
     assert {1, n} <= sizes  # one padded call (huge overhead) and one call per size (no overhead) both ran
+
+
+@pytest.mark.parametrize("with_K", [False, True])
+def test_bucketed_patterns_with_an_empty_one_match_reference(with_K):
+    """Every group holding each pattern equally often (the bucketed path), one pattern without any present
+    spin (marginals 0, log Z 0): values and gradients against the float64 reference."""
+    n = 5
+    g = torch.Generator().manual_seed(11)
+    patterns = torch.tensor([[False] * n, [True, False, True, False, False], [True] * n,
+                             [False, True, True, True, False]])
+    mask = patterns[torch.tensor([2, 0, 1, 3, 1, 2, 0, 3])].view(1, 8, n).expand(2, 8, n)  # 2 of each per group
+    h = torch.randn(2, 8, n, dtype=torch.float64, generator=g, requires_grad=True)
+    J = symmetric_couplings(n, 2, 1, generator=g).requires_grad_()
+    K = symmetric_three_body(n, 2, 1, scale=0.3, generator=g).requires_grad_() if with_K else None
+    inputs = (h, J) + ((K,) if with_K else ())
+    from boltzmann_attention.ising import planner
+    assert planner.mask_patterns(mask.contiguous())[2] is not None  # the bucketed path, not pattern by pattern
+    results = []
+    for module in (ising, reference):
+        if module is ising:
+            m, logz = ising.marginals(h, J, K, mask=mask), ising.log_partition(h, J, K, mask=mask)
+        else:
+            m, logz = reference.marginals(h, J, K, mask), reference.log_partition(h, J, K, mask)
+        grads = torch.autograd.grad((m**2).sum() + logz.sum(), inputs)
+        results.append((m, logz, grads[0], grads[1] + grads[1].mT, *(grads[2:] and [_symmetrised(grads[2])])))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    assert (results[0][0][:, 1] == 0).all() and (results[0][1][:, 1] == 0).all()
