@@ -633,7 +633,7 @@ def _attention_cases():
     case("attention return_weights 1", lambda: boltzmann_attention(q, k, v, couplings=J, return_weights=1),
          Raises("return_weights must be True or False"))
     case("attention method_options list", lambda: boltzmann_attention(q, k, v, couplings=J, method_options=[1]),
-         Raises("method options must be a dict"))
+         Raises("method_options must be a dict"))
     case("attention value NaN propagates (as SDPA)",
          lambda: torch.isnan(boltzmann_attention(q, k, v * math.nan, couplings=J)).all().view(1).double(),
          Equals(lambda: torch.ones(1, dtype=DT), 0.0))

@@ -136,10 +136,10 @@ def _symmetrised(x):
 
 
 @pytest.mark.parametrize("with_K", [False, True])
-def test_bucketed_and_per_pattern_paths_agree(monkeypatch, with_K):
+def test_every_bucketing_matches_reference(monkeypatch, with_K):
     """Causal masks go through size buckets padded with free spins; every bucketing (all patterns in one
-    padded call, one call per size, the cost model's choice) and the per-pattern path must agree."""
-    from boltzmann_attention.ising import exact
+    padded call, one call per size, the cost model's choice) gives the reference's values and gradients."""
+    from boltzmann_attention.ising import planner
 
     n = 6
     g = torch.Generator().manual_seed(4)
@@ -147,18 +147,50 @@ def test_bucketed_and_per_pattern_paths_agree(monkeypatch, with_K):
     J = symmetric_couplings(n, 3, 1, generator=g).requires_grad_()
     K = symmetric_three_body(n, 3, 1, scale=0.3, generator=g).requires_grad_() if with_K else None
     causal = torch.ones(n, n, dtype=torch.bool).tril()
-    results = []
-    for bucketed, overhead in ((True, exact._CALL_OVERHEAD), (True, 1e30), (True, 0), (False, 0)):
-        monkeypatch.setattr(exact, "_BUCKETED", bucketed)
-        monkeypatch.setattr(exact, "_CALL_OVERHEAD", overhead)
-        m = ising.marginals(h, J, K, mask=causal)
-        logz = ising.log_partition(h, J, K, mask=causal)
-        inputs = (h, J) + ((K,) if with_K else ())
+    inputs = (h, J) + ((K,) if with_K else ())
+
+    def values_and_gradients(marginals, log_partition):
+        m, logz = marginals(h, J, K, causal), log_partition(h, J, K, causal)
         grads = torch.autograd.grad((m**2).sum() + logz.sum(), inputs)
         # J and K are symmetric: only the gradient summed over the equal entries is path independent
-        results.append((m, logz, grads[0], grads[1] + grads[1].mT, *(grads[2:] and [_symmetrised(grads[2])])))
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
+        return (m, logz, grads[0], grads[1] + grads[1].mT, *(grads[2:] and [_symmetrised(grads[2])]))
+
+    expected = values_and_gradients(reference.marginals, reference.log_partition)
+    sizes = set()
+    for overhead in (planner.CALL_OVERHEAD, 1e30, 0):
+        monkeypatch.setattr(planner, "CALL_OVERHEAD", overhead)
+        plan = planner.plan(*planner.mask_patterns(causal.expand(3, n, n).reshape(3, n, n))[::2], torch.float64)
+        sizes.add(len(plan.buckets))
+        result = values_and_gradients(lambda *a: ising.marginals(*a[:3], mask=a[3]),
+                                      lambda *a: ising.log_partition(*a[:3], mask=a[3]))
+        for a, b in zip(result, expected):
             torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
-    torch.testing.assert_close(results[0][0], reference.marginals(h, J, K, causal), atol=1e-12, rtol=0)
-    torch.testing.assert_close(results[0][1], reference.log_partition(h, J, K, causal), atol=1e-12, rtol=0)
+    assert {1, n} <= sizes  # one padded call (huge overhead) and one call per size (no overhead) both ran
+
+
+@pytest.mark.parametrize("with_K", [False, True])
+def test_bucketed_patterns_with_an_empty_one_match_reference(with_K):
+    """Every group holding each pattern equally often (the bucketed path), one pattern without any present
+    spin (marginals 0, log Z 0): values and gradients against the float64 reference."""
+    n = 5
+    g = torch.Generator().manual_seed(11)
+    patterns = torch.tensor([[False] * n, [True, False, True, False, False], [True] * n,
+                             [False, True, True, True, False]])
+    mask = patterns[torch.tensor([2, 0, 1, 3, 1, 2, 0, 3])].view(1, 8, n).expand(2, 8, n)  # 2 of each per group
+    h = torch.randn(2, 8, n, dtype=torch.float64, generator=g, requires_grad=True)
+    J = symmetric_couplings(n, 2, 1, generator=g).requires_grad_()
+    K = symmetric_three_body(n, 2, 1, scale=0.3, generator=g).requires_grad_() if with_K else None
+    inputs = (h, J) + ((K,) if with_K else ())
+    from boltzmann_attention.ising import planner
+    assert planner.mask_patterns(mask.contiguous())[2] is not None  # the bucketed path, not pattern by pattern
+    results = []
+    for module in (ising, reference):
+        if module is ising:
+            m, logz = ising.marginals(h, J, K, mask=mask), ising.log_partition(h, J, K, mask=mask)
+        else:
+            m, logz = reference.marginals(h, J, K, mask), reference.log_partition(h, J, K, mask)
+        grads = torch.autograd.grad((m**2).sum() + logz.sum(), inputs)
+        results.append((m, logz, grads[0], grads[1] + grads[1].mT, *(grads[2:] and [_symmetrised(grads[2])])))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    assert (results[0][0][:, 1] == 0).all() and (results[0][1][:, 1] == 0).all()

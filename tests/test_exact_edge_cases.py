@@ -8,7 +8,7 @@ import torch
 from conftest import DEVICES, symmetric_couplings
 
 from boltzmann_attention import ising
-from boltzmann_attention.ising import exact, reference
+from boltzmann_attention.ising import numerics, reference
 
 
 @pytest.fixture(params=DEVICES)
@@ -156,10 +156,10 @@ def test_gradcheck_pairwise_paths(masking, device):
 
 
 def test_blocked_table_and_chunked_queries_match_reference(monkeypatch):
-    """Tables above _BLOCK_ELEMENTS are rebuilt block by block, queries above _CHUNK_ELEMENTS split:
+    """Tables above BLOCK_ELEMENTS are rebuilt block by block, queries above CHUNK_ELEMENTS split:
     force both at small n and check values and gradients."""
-    monkeypatch.setattr(exact, "_BLOCK_ELEMENTS", 48)
-    monkeypatch.setattr(exact, "_CHUNK_ELEMENTS", 64)
+    monkeypatch.setattr(numerics, "BLOCK_ELEMENTS", 48)
+    monkeypatch.setattr(numerics, "CHUNK_ELEMENTS", 64)
     g = torch.Generator().manual_seed(8)
     n = 7
     h = torch.randn(2, 10, n, dtype=torch.float64, generator=g, requires_grad=True)
@@ -183,7 +183,7 @@ def test_blocked_table_and_chunked_queries_match_reference(monkeypatch):
 def test_float64_fallback_values_and_gradients(monkeypatch, masking):
     """Rows routed to the float64 fallback (here: every float32 row) keep the reference's values and
     gradients."""
-    monkeypatch.setattr(exact, "_FLOAT32_SCALE_LIMIT", 0.0)
+    monkeypatch.setattr(numerics, "FLOAT32_SCALE_LIMIT", 0.0)
     g = torch.Generator().manual_seed(9)
     n = 6
     h64 = torch.randn(3, n, dtype=torch.float64, generator=g)

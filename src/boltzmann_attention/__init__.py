@@ -10,8 +10,11 @@ query i the field is h_ij = q_i.k_j * scale + bias and the attention weight is a
 with J = K = 0 that is sigmoid(2 h_ij). Adapters to other conventions (dimod minimises
 +sum h s + sum J s s) convert at their boundary.
 
-Layers: :func:`boltzmann_attention` (functional, SDPA conventions) and :class:`BoltzmannAttention`
-(``nn.Module``). Ising marginals: :mod:`boltzmann_attention.ising`.
+Read first: :mod:`boltzmann_attention.naive`, the definition by brute force that every fast path is tested
+against. Layers: :func:`boltzmann_attention` (functional, SDPA conventions) and :class:`BoltzmannAttention`
+(``nn.Module``), in :mod:`~boltzmann_attention.attention`; their coupling parametrisations in
+:mod:`~boltzmann_attention.couplings`, the rules on their arguments in :mod:`~boltzmann_attention.validation`.
+Ising marginals: :mod:`boltzmann_attention.ising` (one record per method in ``ising/methods.py``).
 """
 
 from . import ising
@@ -21,9 +24,11 @@ from .attention import (
     FullCouplings,
     RelativeCouplings,
     ThreeBodyCouplings,
+    WindowCouplings,
     boltzmann_attention,
     parameter_groups,
 )
+from .naive import naive_boltzmann_attention
 
 __all__ = [
     "MODES",
@@ -31,8 +36,10 @@ __all__ = [
     "FullCouplings",
     "RelativeCouplings",
     "ThreeBodyCouplings",
+    "WindowCouplings",
     "boltzmann_attention",
     "ising",
+    "naive_boltzmann_attention",
     "parameter_groups",
 ]
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Boltzmann attention with a coupled window, exact at any length (SCALING.md §2a).
+"""Boltzmann attention with a coupled window, exact at any length.
 
 For query i (causal: keys j <= i), slot a = 0..W-1 holds key i - a, and one slot-indexed J (W, W) per
 head couples the keys in the window; every earlier key is an independent spin:
@@ -12,7 +12,9 @@ with J = 0 it is sigmoid attention. The window marginals come from :mod:`boltzma
 the sequence for the first W - 1 queries) are removed from every term and get weight 0.
 
 The output is (sigmoid(2h) masked to j <= i - W) @ v plus the band sum_a a_{i,i-a} v_{i-a}; the dense
-(B, H, L, S) weights are only assembled when asked for.
+(B, H, L, S) weights are only assembled when asked for. The definition by enumeration is
+``naive.naive_boltzmann_attention(..., coupling_window=W)``, which this is tested against; the design is in
+docs/design.md, "Coupled window".
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from .couplings import WindowCouplings
 from .ising import window as window_ising
+
+__all__ = ["WindowCouplings", "band_index", "band_scores", "band_times_value", "window_attention"]
 
 
 def band_index(L: int, S: int, window: int, device=None) -> tuple[Tensor, Tensor]:
@@ -147,32 +152,3 @@ def _band_scores(query: Tensor, key: Tensor, window: int, block: int = 64) -> Te
     D = q @ k                                                                           # (..., n, P, P + W - 1)
     A = F.pad(D.flatten(-2), (0, P)).unflatten(-1, (P, P + W))[..., :W]                 # un-skew: A[r, t]
     return A.flatten(-3, -2)[..., :L, :]
-
-
-class WindowCouplings(nn.Module):
-    """Slot-indexed couplings of a window of W keys, (H, W, W), for any sequence length.
-
-    Free (default): a symmetric J_ab with zero diagonal, W (W - 1) / 2 parameters per head.
-    relative=True: J_ab = f(|a - b|), f(1) .. f(W - 1) learnable, W - 1 parameters per head.
-    """
-
-    def __init__(self, num_heads: int, window: int, relative: bool = False, init_std: float = 0.0):
-        super().__init__()
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"coupling_window must be an integer >= 1, got {window!r}")
-        self.window, self.relative = window, relative
-        shape = (num_heads, window - 1) if relative else (num_heads, window, window)
-        self.weight = nn.Parameter(torch.randn(*shape) * init_std)
-        self.weight._no_weight_decay = True
-        slot = torch.arange(window)
-        # constant index tables (no triu per call: tiny triu calls cost a thread wake-up each on a busy CPU)
-        self.register_buffer("_upper", (slot[:, None] < slot[None, :]).float(), persistent=False)
-        self.register_buffer("_distance", (slot[:, None] - slot[None, :]).abs(), persistent=False)
-
-    def forward(self, length: int | None = None) -> Tensor:
-        """The (H, W, W) couplings; ``length`` is accepted for symmetry with the other couplings and unused."""
-        if self.relative:
-            table = torch.cat([self.weight.new_zeros(self.weight.shape[0], 1), self.weight], dim=1)
-            return table[:, self._distance]
-        upper = self.weight * self._upper.to(self.weight.dtype)
-        return upper + upper.transpose(-1, -2)

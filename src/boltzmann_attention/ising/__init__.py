@@ -10,12 +10,13 @@ tensor that is zero where two indices coincide. A spin whose mask entry is False
 removed from every term of the energy (not clamped), log Z is that of the remaining spins, and its
 marginal is 0.
 
-Methods (one module each, each tested against ``reference``):
+Methods (one module each, each tested against ``reference``; their records, with options, kind and limit,
+are in :mod:`boltzmann_attention.ising.methods`):
 
 =============  ======================================================  ====================
 method         what                                                    limit
 =============  ======================================================  ====================
-``exact``      split enumeration, Z = u^T K v as GEMMs (SAMPLERS §0)    n <= 24 (option)
+``exact``      split enumeration, Z = u^T T v as GEMMs (``split``)      n <= 24 (option)
 ``reference``  brute-force enumeration in float64 (the test oracle)    n <= 20
 ``banded``     transfer matrix for J_jk = 0 when |j-k| > w            any n, 2^w states
 ``meanfield``  naive mean field, damped fixed point, implicit grads    any n, approximate
@@ -40,98 +41,41 @@ raises an error naming its limit and the alternatives.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 from torch import Tensor
 
 from . import annealing, banded, exact, mcmc, meanfield, reference, sqa, toeplitz, window
-from ._inputs import check_inputs, check_int, empty_result, is_empty
+from ._inputs import check_inputs, empty_result, is_empty
 from .dimod_adapter import DimodSampler
+from .methods import REGISTRY, Method, resolve_method
 
-__all__ = ["marginals", "log_partition", "validate_options", "METHODS", "OPTIONS", "SAMPLED_METHODS",
-           "ITERATIVE_METHODS", "DimodSampler", "toeplitz", "window"]
+__all__ = ["marginals", "log_partition", "validate_options", "resolve_method", "Method", "METHODS", "OPTIONS",
+           "SAMPLED_METHODS", "ITERATIVE_METHODS", "DimodSampler", "annealing", "banded", "exact", "mcmc",
+           "meanfield", "reference", "sqa", "toeplitz", "window"]
 
-
-def _tap(fn: Callable) -> Callable:
-    def with_tap(h, J, K, mask, **options):
-        return fn(h, J, K, mask, tap=True, **options)
-    return with_tap
-
-
-# name -> (marginals, log_partition); every function takes (h, J, K, mask, **options)
+# name -> (marginals, log_partition), every function taking (h, J, K, mask, **options); a sampled method's
+# log_partition raises, naming the methods that give log Z
 METHODS: dict[str, tuple[Callable, Callable]] = {
-    "exact": (exact.marginals, exact.log_partition),
-    "reference": (lambda h, J, K, mask: reference.marginals(h, J, K, mask),
-                  lambda h, J, K, mask: reference.log_partition(h, J, K, mask)),
-    "banded": (banded.marginals, banded.log_partition),
-    "meanfield": (meanfield.marginals, meanfield.log_partition),
-    "tap": (_tap(meanfield.marginals), _tap(meanfield.log_partition)),
-    "gibbs": (mcmc.gibbs, mcmc.log_partition),
-    "pt": (mcmc.pt, mcmc.log_partition),
-    "dqa": (annealing.dqa_marginals, mcmc.log_partition),
-    "sqa": (sqa.sqa_marginals, mcmc.log_partition),
-}
-
-# methods whose marginals are sample means (stochastic; 'dqa' and 'sqa' are not even Boltzmann): the ones
-# without log Z
-SAMPLED_METHODS = frozenset(name for name, (_, logz) in METHODS.items() if logz is mcmc.log_partition)
-
-
-def _keyword_options(fn: Callable, drop: frozenset = frozenset()) -> frozenset:
-    """The keyword-only parameters of ``fn``: the options a method takes (derived, so they cannot drift)."""
-    parameters = inspect.signature(fn).parameters.values()
-    return frozenset(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY) - drop
-
+    name: (m.marginals, m.log_partition or mcmc.log_partition) for name, m in REGISTRY.items()}
 
 # name -> the options the method takes (its marginals and log_partition take the same ones)
-OPTIONS: dict[str, frozenset] = {
-    "exact": _keyword_options(exact.marginals),
-    "reference": frozenset(),
-    "banded": _keyword_options(banded.marginals),
-    "meanfield": _keyword_options(meanfield.marginals),
-    "tap": _keyword_options(meanfield.marginals, frozenset({"tap"})),
-    "gibbs": _keyword_options(mcmc.gibbs_marginals),  # incl. return_*, refused with their own message
-    "pt": _keyword_options(mcmc.pt_marginals),
-    "dqa": _keyword_options(annealing.dqa_marginals) | frozenset(annealing.ANNEAL_OPTIONS),
-    "sqa": _keyword_options(sqa.sqa_marginals),
-}
-_DIMOD_OPTIONS = _keyword_options(DimodSampler.marginals)
+OPTIONS: dict[str, frozenset] = {name: m.options for name, m in REGISTRY.items()}
+
+# methods whose marginals are sample means (stochastic; 'dqa' and 'sqa' are not even Boltzmann): no log Z
+SAMPLED_METHODS = frozenset(name for name, m in REGISTRY.items() if m.sampled)
 
 # fixed-point methods, which can fail to converge: the ones whose ``on_fail`` option decides between a
 # meanfield.ConvergenceWarning and a ConvergenceError
-ITERATIVE_METHODS = frozenset(name for name, options in OPTIONS.items() if "on_fail" in options)
+ITERATIVE_METHODS = frozenset(name for name, m in REGISTRY.items() if m.iterative)
 
 
 def validate_options(method, options: dict) -> None:
-    """ValueError naming any option that ``method`` does not take, with the ones it does.
-
-    Also checks the values of exact's options (exact.py takes them as given) and of dqa's
-    (:func:`annealing.check_dqa_options`: e.g. energy_scale and target_beta together, before the first
-    anneal). The other methods check their option values themselves.
-    """
-    _lookup(method, 0)
-    if not isinstance(options, dict):
-        raise ValueError(f"method options must be a dict of keyword arguments, got {type(options).__name__}")
-    known = _DIMOD_OPTIONS if isinstance(method, DimodSampler) else OPTIONS[method]
-    unknown = sorted(set(options) - known, key=str)
-    if unknown:
-        name = "a DimodSampler" if isinstance(method, DimodSampler) else f"method {method!r}"
-        takes = f"known options: {sorted(known)}" if known else "it takes no options"
-        raise ValueError(f"unknown option(s) {unknown} for {name}; {takes}")
-    if method == "exact" and "max_spins" in options:
-        check_int("max_spins", options["max_spins"], 0)
-    if method == "dqa":
-        annealing.check_dqa_options(options)
-
-
-def _lookup(method, which: int) -> Callable:
-    if isinstance(method, DimodSampler):  # any dimod sampler, wrapped: marginals only
-        return (lambda h, J, K, mask, **options: method.marginals(h, J, K, mask, **options),
-                mcmc.log_partition)[which]  # sampling gives no log Z: raises, naming the methods that do
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {sorted(METHODS)}")
-    return METHODS[method][which]
+    """ValueError for an unknown method, options that are not a dict, an option ``method`` does not take
+    (naming the ones it does), or an option value it would refuse at its first call (each record's
+    ``check_options``: e.g. damping outside [0, 1), num_samples < 1, dqa's energy_scale and target_beta
+    together)."""
+    resolve_method(method).validate(options)
 
 
 def marginals(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *, mask: Tensor | None = None,
@@ -143,20 +87,22 @@ def marginals(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *, ma
     ``method``: a name from :data:`METHODS`, or a :class:`DimodSampler`. ``options`` go to the method
     (see its module).
     """
-    fn = _lookup(method, 0)
-    validate_options(method, options)
+    record = resolve_method(method)
+    record.validate(options)
     check_inputs(h, J, K, mask)
-    if isinstance(method, str) and method == "exact" and is_empty(h, J, K, mask):
+    if record.name == "exact" and is_empty(h, J, K, mask):
         return empty_result(h, J, K, mask, marginals=True)  # nothing to enumerate (exact.py assumes some)
-    return fn(h, J, K, mask, **options)
+    return record.marginals(h, J, K, mask, **options)
 
 
 def log_partition(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *, mask: Tensor | None = None,
                   method: str = "exact", **options) -> Tensor:
     """log Z, shaped like ``h`` without its last dimension. Arguments as in :func:`marginals`."""
-    fn = _lookup(method, 1)
-    validate_options(method, options)
+    record = resolve_method(method)
+    record.validate(options)
     check_inputs(h, J, K, mask)
-    if isinstance(method, str) and method == "exact" and is_empty(h, J, K, mask):
+    if record.log_partition is None:  # sampling gives no log Z: raises, naming the methods that do
+        return mcmc.log_partition(h, J, K, mask, **options)
+    if record.name == "exact" and is_empty(h, J, K, mask):
         return empty_result(h, J, K, mask, marginals=False)
-    return fn(h, J, K, mask, **options)
+    return record.log_partition(h, J, K, mask, **options)

@@ -67,7 +67,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._inputs import check_int, empty_result, group_queries, is_empty
-from .exact import _no_denormals
+from .numerics import no_denormals as _no_denormals
 
 __all__ = ["marginals", "log_partition"]
 

@@ -1,4 +1,4 @@
-"""Exact marginals of a coupled window of W spins shared by many queries (SCALING.md §2a).
+"""Exact marginals of a coupled window of W spins shared by many queries.
 
 The window model: for query i, slot a (0 <= a < W) holds key i - a, and the W slots are coupled by one
 slot-indexed J (W, W) per head, shared by every query of the head. This module solves the window part:
@@ -10,24 +10,20 @@ bool (False: the slot's key is absent -- before the sequence start or masked -- 
 term). Returns <s_a> (..., W), 0 at absent slots. The keys outside the window are independent spins,
 <s_j> = tanh(h_ij); :mod:`boltzmann_attention.coupled_window` assembles the attention from both parts.
 
-Split form (as ``exact``, SAMPLERS.md §0): slots A = 0..W/2-1 and B = W/2..W-1,
+Split enumeration as in method ``exact`` (:mod:`boltzmann_attention.ising.split`): slots A = 0..W/2-1 and
+B = W/2..W-1, Z = u^T T v with ONE coupling table T (2^(W/2) x 2^(W/2)) per head, so all queries of a head
+(B * L of them) go through two GEMMs of inner size 2^(W/2): about 2 * 2^W MACs per query. Gradients: the
+covariances from the same enumeration (``split.contract``), then autograd through the table factors.
 
-    Z = u^T K v,  u[x] = exp(h_A.S_A[x]),  v[y] = exp(h_B.S_B[y]),  K[x, y] = exp(s.J.s / 2),
-    <s_A> = ((u * K v) @ S_A) / Z,  <s_B> = ((v * K^T u) @ S_B) / Z,
+Absent slots keep every query in the same two GEMMs (this is what the window adds to the shared code): an
+absent slot c is clamped to s_c = +1 (the configurations with s_c = -1 get weight 0, through a -big
+exponent) and J_cb is subtracted from the field of every present slot b. Then the terms of c in the table
+add J_cb s_b + constants, which the field shift cancels: the law of the present slots is exactly that of
+the smaller system with c deleted.
 
-with ONE table K (2^(W/2) x 2^(W/2)) per head, so all queries of a head (B * L of them) go through two
-GEMMs of inner size 2^(W/2): about 2 * 2^W MACs per query.
-
-Absent slots keep every query in the same two GEMMs: an absent slot c is clamped to s_c = +1 (the
-configurations with s_c = -1 get u or v = 0, through a -big exponent) and J_cb is subtracted from the
-field of every present slot b. Then the terms of c in the table add J_cb s_b + constants, which the field
-shift cancels: the law of the present slots is exactly that of the smaller system with c deleted. This is
-exact, not a limit.
-
-Numerics: u, v and K are each max-shifted in the log domain (u over the allowed configurations). A query
-whose Z still underflows (|h| or |J| in the tens to hundreds, fields fighting couplings) is recomputed
-in float64 with a logsumexp over its 2^W states. Gradients: autograd through plain ops (exp, matmul).
-Limit: W <= ``max_spins`` (default 24; the table has 2^W entries per head).
+Numerics (:mod:`boltzmann_attention.ising.numerics`): u, v and T are max-shifted in the log domain; a query
+whose Z still underflows (|h| or |J| in the tens to hundreds, fields fighting couplings) is recomputed in
+float64 over its 2^W states. Limit: W <= ``max_spins`` (default 24; the table has 2^W entries per head).
 """
 
 from __future__ import annotations
@@ -37,11 +33,10 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from . import numerics, split
 from ._inputs import group_queries
-from .reference import configurations
 
 MAX_SPINS = 24
-_CHUNK_ELEMENTS = 2**24  # bound on (queries x half-configurations) held at once per GEMM
 
 
 def check_window(J: Tensor | None, window: int, max_spins: int = MAX_SPINS) -> None:
@@ -77,23 +72,11 @@ def marginals(h: Tensor, J: Tensor, present: Tensor | None = None) -> Tensor:
 
 
 @lru_cache(maxsize=32)
-def _configurations(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    return configurations(n, dtype=dtype, device=device)
-
-
-@lru_cache(maxsize=32)
 def _exclusion(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """(2n, 2^n): [S^T; -big [S = -1]^T], so that [h, absent] @ it is h.S with -big where an absent spin is -1."""
-    S = _configurations(n, dtype, device)
+    S = split.half_configurations(n, dtype, device)
     big = torch.finfo(dtype).max / (4 * max(n, 1))  # large enough for exp to give 0, small enough to stay finite
     return torch.cat([S.T, -big * (S < 0).to(dtype).T])
-
-
-@lru_cache(maxsize=32)
-def _with_ones(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """(2^n, n + 1): the configurations and a column of ones (one GEMM gives the marginals' sums and Z)."""
-    S = _configurations(n, dtype, device)
-    return torch.cat([S, torch.ones_like(S[:, :1])], dim=1)
 
 
 def _split(h: Tensor, J: Tensor, present: Tensor | None) -> Tensor:
@@ -103,11 +86,9 @@ def _split(h: Tensor, J: Tensor, present: Tensor | None) -> Tensor:
         m = torch.tanh(h)
         return m if present is None else m * present
     a = W // 2
-    SA = _configurations(a, h.dtype, h.device)      # (2^a, a)
-    SB = _configurations(W - a, h.dtype, h.device)  # (2^b, b)
-    JAA, JAB, JBB = J[:, :a, :a], J[:, :a, a:], J[:, a:, a:]
-    log_table = (0.5 * ((SA @ JAA) * SA).sum(-1)[:, :, None] + 0.5 * ((SB @ JBB) * SB).sum(-1)[:, None, :]
-                 + SA @ JAB @ SB.T)  # (G, 2^a, 2^b)
+    SA = split.half_configurations(a, h.dtype, h.device)      # (2^a, a)
+    SB = split.half_configurations(W - a, h.dtype, h.device)  # (2^b, b)
+    left, right = split.table_factors(J, None, a, SA, SB)     # log T = left @ right^T, (G, 2^a, 2^b)
     if present is None:
         log_u, log_v = h[..., :a] @ SA.T, h[..., a:] @ SB.T  # (G, Q, 2^a), (G, Q, 2^b)
     else:  # clamp absent slots to +1 (configurations with -1 there get -big), cancel their couplings
@@ -116,38 +97,20 @@ def _split(h: Tensor, J: Tensor, present: Tensor | None) -> Tensor:
         x = torch.cat([h[..., :a], absent[..., :a], h[..., a:], absent[..., a:]], dim=-1)
         log_u = x[..., :2 * a] @ _exclusion(a, h.dtype, h.device)
         log_v = x[..., 2 * a:] @ _exclusion(W - a, h.dtype, h.device)
-    k = torch.exp(log_table - log_table.detach().amax((-1, -2), keepdim=True))
-    SA1, SB1 = _with_ones(a, h.dtype, h.device), _with_ones(W - a, h.dtype, h.device)
-    chunk = max(1, _CHUNK_ELEMENTS // max(SA.shape[0], SB.shape[0]))
-    pieces = [_contract(lu, k, lv, SA1, SB1) for lu, lv in zip(log_u.split(chunk, dim=1), log_v.split(chunk, dim=1))]
-    m, z = pieces[0] if len(pieces) == 1 else (torch.cat(x, dim=1) for x in zip(*pieces))
-    tiny = torch.finfo(z.dtype).tiny ** 0.5
-    if bool(z.detach().min() <= tiny):  # Z underflowed for some queries: recompute them in log space
-        m = _log_domain_fallback(m, z > tiny, log_u, log_table, log_v, SA, SB)
+    m, _, ok = split.contract(log_u, log_v, left, right, SA, SB)
+    if not bool(ok.all()):  # Z underflowed for some queries: recompute them in float64 log space
+        m = _float64_rows(m, ok, log_u, left, right, log_v, SA, SB)
     return m if present is None else m * present
 
 
-def _contract(log_u: Tensor, k: Tensor, log_v: Tensor, SA1: Tensor, SB1: Tensor):
-    """Marginals (G, q, W) and the shifted Z (G, q) for a chunk of queries (u and v max-shifted)."""
-    u = torch.exp(log_u - log_u.detach().amax(-1, keepdim=True))
-    v = torch.exp(log_v - log_v.detach().amax(-1, keepdim=True))
-    sums_a = (u * (v @ k.transpose(-1, -2))) @ SA1  # [(u * K v) @ S_A, Z]
-    sums_b = (v * (u @ k)) @ SB1                    # [(v * K^T u) @ S_B, Z]
-    z = sums_a[..., -1]
-    m = torch.cat([sums_a[..., :-1], sums_b[..., :-1]], dim=-1) / z.clamp_min(torch.finfo(z.dtype).tiny)[..., None]
-    return m, z
-
-
-def _log_domain_fallback(m, ok, log_u, log_table, log_v, SA, SB):
-    """Recompute the rows where Z underflowed with a float64 logsumexp over all 2^W states."""
+def _float64_rows(m, ok, log_u, left, right, log_v, SA, SB):
+    """The rows where ok is False recomputed by ``numerics.float64_marginals`` over all 2^W states."""
     G, Q, W = m.shape
     bad = (~ok).nonzero()  # (R, 2): group and query index
-    states = log_table.shape[-1] * log_table.shape[-2]
     new = []
-    for rows in bad.split(max(1, _CHUNK_ELEMENTS // states)):
+    for rows in bad.split(max(1, numerics.CHUNK_ELEMENTS // (SA.shape[0] * SB.shape[0]))):
         g, q = rows[:, 0], rows[:, 1]
-        t = log_u[g, q].double()[:, :, None] + log_table[g].double() + log_v[g, q].double()[:, None, :]
-        p = torch.softmax(t.flatten(1), dim=-1).view_as(t)
-        new.append(torch.cat([p.sum(2) @ SA.double(), p.sum(1) @ SB.double()], dim=-1))
+        log_table = left[g].double() @ right[g].double().transpose(-1, -2)
+        new.append(numerics.float64_marginals(log_u[g, q], log_table, log_v[g, q], SA, SB, "exact window")[0])
     index = bad[:, 0] * Q + bad[:, 1]
     return m.reshape(G * Q, W).index_put((index,), torch.cat(new).to(m.dtype)).reshape(G, Q, W)

@@ -1,0 +1,116 @@
+"""The learnable coupling parametrisations of :class:`~boltzmann_attention.BoltzmannAttention`.
+
+Each is an ``nn.Module`` whose ``forward(length)`` returns the couplings of one call, and whose parameters
+start at ``init_std`` times a normal draw (0 by default, so that mode 'h+J' starts as sigmoid attention)
+and are marked ``_no_weight_decay`` (see :func:`~boltzmann_attention.parameter_groups`):
+
+- ``FullCouplings``: a free J_jk per key pair and head, (H, S, S), lengths up to ``max_len``;
+- ``RelativeCouplings``: J_jk = f(|j - k|), f = 0 beyond ``max_distance``, any length (J is banded);
+- ``WindowCouplings``: the coupled window's slot-indexed J (H, W, W), any length;
+- ``ThreeBodyCouplings``: a free K_jkl per key triple and head, symmetrised, (H, S, S, S).
+
+All return symmetric couplings with a zero diagonal (K: zero where two indices coincide), the package's
+convention.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import Tensor, nn
+
+from .validation import check_int, check_sizes
+
+__all__ = ["FullCouplings", "RelativeCouplings", "ThreeBodyCouplings", "WindowCouplings"]
+
+
+class FullCouplings(nn.Module):
+    """One free coupling J_jk per key pair and head, for lengths up to ``max_len``: (H, S, S)."""
+
+    def __init__(self, num_heads: int, max_len: int, init_std: float = 0.0):
+        super().__init__()
+        check_sizes(num_heads=num_heads, max_len=max_len, init_std=init_std)
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.randn(num_heads, max_len, max_len) * init_std)
+        self.weight._no_weight_decay = True
+
+    def forward(self, length: int) -> Tensor:
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds max_len {self.max_len} of the couplings; "
+                             "use coupling='relative' for any length")
+        upper = self.weight[:, :length, :length].triu(1)
+        return upper + upper.transpose(-1, -2)
+
+
+class RelativeCouplings(nn.Module):
+    """J_jk = f(|j - k|) per head, with f(d) learnable for 1 <= d <= max_distance and 0 beyond.
+
+    Works for any length. J has bandwidth ``max_distance``, so method='banded' applies directly;
+    max_distance = 0 means no couplings (J = 0).
+    """
+
+    def __init__(self, num_heads: int, max_distance: int, init_std: float = 0.0):
+        super().__init__()
+        check_sizes(num_heads=num_heads, init_std=init_std)
+        check_int("max_distance (coupling_range)", max_distance, 0)
+        self.max_distance = max_distance
+        self.weight = nn.Parameter(torch.randn(num_heads, max_distance) * init_std)  # f(1) .. f(max_distance)
+        self.weight._no_weight_decay = True
+
+    def forward(self, length: int) -> Tensor:
+        zero = self.weight.new_zeros(self.weight.shape[0], 1)
+        table = torch.cat([zero, self.weight, zero], dim=1)  # index: distance, clamped past the range
+        position = torch.arange(length, device=self.weight.device)
+        distance = (position[:, None] - position[None, :]).abs().clamp(max=self.max_distance + 1)
+        return table[:, distance]
+
+
+class ThreeBodyCouplings(nn.Module):
+    """One free K_jkl per key triple j<k<l and head, symmetrised: (H, S, S, S)."""
+
+    def __init__(self, num_heads: int, max_len: int, init_std: float = 0.0):
+        super().__init__()
+        check_sizes(num_heads=num_heads, max_len=max_len, init_std=init_std)
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.randn(num_heads, max_len, max_len, max_len) * init_std)
+        self.weight._no_weight_decay = True
+
+    def forward(self, length: int) -> Tensor:
+        if length > self.max_len:
+            raise ValueError(f"sequence length {length} exceeds max_len {self.max_len} of the couplings")
+        i = torch.arange(length, device=self.weight.device)
+        ordered = (i[:, None, None] < i[None, :, None]) & (i[None, :, None] < i[None, None, :])
+        upper = self.weight[:, :length, :length, :length] * ordered
+        return sum(upper.permute(0, *(1 + p for p in perm)) for perm in itertools.permutations(range(3)))
+
+
+class WindowCouplings(nn.Module):
+    """Slot-indexed couplings of a window of W keys, (H, W, W), for any sequence length.
+
+    Free (default): a symmetric J_ab with zero diagonal, W (W - 1) / 2 parameters per head.
+    relative=True: J_ab = f(|a - b|), f(1) .. f(W - 1) learnable, W - 1 parameters per head.
+    """
+
+    def __init__(self, num_heads: int, window: int, relative: bool = False, init_std: float = 0.0):
+        super().__init__()
+        check_sizes(num_heads=num_heads, init_std=init_std)
+        check_int("coupling_window", window, 1)
+        if not isinstance(relative, bool):
+            raise ValueError(f"coupling_window_relative must be True or False, got {relative!r}")
+        self.window, self.relative = window, relative
+        shape = (num_heads, window - 1) if relative else (num_heads, window, window)
+        self.weight = nn.Parameter(torch.randn(*shape) * init_std)
+        self.weight._no_weight_decay = True
+        slot = torch.arange(window)
+        # constant index tables (no triu per call: tiny triu calls cost a thread wake-up each on a busy CPU)
+        self.register_buffer("_upper", (slot[:, None] < slot[None, :]).float(), persistent=False)
+        self.register_buffer("_distance", (slot[:, None] - slot[None, :]).abs(), persistent=False)
+
+    def forward(self, length: int | None = None) -> Tensor:
+        """The (H, W, W) couplings; ``length`` is accepted for symmetry with the other couplings and unused."""
+        if self.relative:
+            table = torch.cat([self.weight.new_zeros(self.weight.shape[0], 1), self.weight], dim=1)
+            return table[:, self._distance]
+        upper = self.weight * self._upper.to(self.weight.dtype)
+        return upper + upper.transpose(-1, -2)

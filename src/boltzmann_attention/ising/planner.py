@@ -1,0 +1,168 @@
+"""The mask-pattern planner of split enumeration: which queries share a system, and how to batch them.
+
+A query whose mask removes spins is solved as the smaller system of its present spins. Queries are grouped
+by mask pattern (``mask_patterns``). When every group holds the same number of queries of each pattern (a
+causal mask: one pattern per query position) the patterns are bucketed by their number of present spins
+(``plan``): each bucket is one call, padded to its largest size with free spins (zero field and
+couplings: <s> = 0 exactly, and a factor 2 in Z that the caller takes out of log Z as ``free``). The
+buckets minimise a cost model of per-call overhead plus 2^size work (``buckets``). Other masks go pattern
+by pattern (the caller loops over ``mask_patterns``' output).
+
+Both the pairwise solver and the three-body path of :mod:`boltzmann_attention.ising.exact` read the same
+plan; a plan is cached, since a causal mask gives the same one at every call.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+# Bucketing cost model, in units of (query x state): a call costs CALL_OVERHEAD, and each pattern padded
+# to L spins costs (queries + TABLE_COST) * 2^L. CALL_OVERHEAD is tuned for a CPU thread at n = 12 and 16.
+CALL_OVERHEAD = 2**21
+TABLE_COST = 8
+
+_MASKS: dict = {}  # recent masks by shape and device: (mask, its mask_patterns)
+
+
+def mask_patterns(mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Distinct rows (P, n) of a (G, Q, n) mask, the pattern of each query (G, Q), and ``order`` (G, Q)
+    sorting each group's queries by pattern when every group has Q / P queries of each (else None).
+    Cached: a causal mask is the same every call, and one comparison replaces the unique and the sort."""
+    G, Q, n = mask.shape
+    key = (mask.shape, mask.device)
+    if key in _MASKS and torch.equal(_MASKS[key][0], mask):
+        return _MASKS[key][1]
+    patterns, which = _unique_rows(mask.reshape(-1, n))
+    P = len(patterns)
+    which = which.view(G, Q)
+    order = None
+    if Q % P == 0:
+        sorted_which, order = torch.sort(which, dim=1, stable=True)
+        if not bool((sorted_which == _pattern_ids(P, Q // P, mask.device)).all()):
+            order = None
+    _MASKS[key] = (mask.clone(), (patterns, which, order))
+    while len(_MASKS) > 8:
+        del _MASKS[next(iter(_MASKS))]
+    return patterns, which, order
+
+
+def _unique_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """torch.unique(mask, dim=0, return_inverse=True) for a bool (rows, n) mask, n <= 62, via bit codes
+    (unique over rows is slow: about 3 ms for 1024 rows of 16)."""
+    n = mask.shape[-1]
+    if n > 62:
+        return torch.unique(mask, dim=0, return_inverse=True)
+    bits = torch.arange(n, device=mask.device)
+    codes, which = torch.unique((mask.long() << bits).sum(-1), return_inverse=True)
+    return (codes[:, None] >> bits) & 1 == 1, which
+
+
+def buckets(sizes: list[int], queries: int, enumerated: int = 0) -> list[tuple[int, int]]:
+    """Split ascending pattern sizes into contiguous buckets [start, end) minimising the cost model.
+
+    A bucket is padded to its largest size L and costs CALL_OVERHEAD + count * (queries + TABLE_COST) * 2^L;
+    one with L <= ``enumerated`` (solved state by state: fewer operations, n 2^n work per query) costs
+    CALL_OVERHEAD / 2 + count * (queries * L / 4 + TABLE_COST) * 2^L.
+    Dynamic programme over the distinct sizes (at most n + 1 of them).
+    """
+    distinct = sorted(set(sizes))
+    ends = [max(i for i, s in enumerate(sizes) if s == d) + 1 for d in distinct]  # end index of each size
+    best = [0.0] + [math.inf] * len(distinct)
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
+        for i in range(j):
+            start = ends[i - 1] if i else 0
+            L = distinct[j - 1]
+            overhead, per_query = (CALL_OVERHEAD / 2, L / 4) if L <= enumerated else (CALL_OVERHEAD, 1)
+            cost = best[i] + overhead + (ends[j - 1] - start) * (queries * per_query + TABLE_COST) * 2.0 ** L
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    out, j = [], len(distinct)
+    while j:
+        i = cut[j]
+        out.append((ends[i - 1] if i else 0, ends[j - 1]))
+        j = i
+    return out[::-1]
+
+
+@lru_cache(maxsize=64)
+def _pattern_ids(P: int, q: int, device: torch.device) -> Tensor:
+    """0, .., 0, 1, .., P - 1: the pattern of each query once sorted, q queries per pattern."""
+    return torch.arange(P, device=device).repeat_interleave(q)
+
+
+class Plan:
+    """Buckets of mask patterns by size; ``order`` (G, Q) sorts each group's queries by pattern (q = Q / P
+    per pattern).
+
+    Each bucket: (nb, L, free (nb,) log 2 per padded spin, flat (nb L L,) indices of the sub-J's entries in
+    the padded (n + 1)^2 J, hidx (G, nb q L) indices of the sub-h's entries in the padded (G, Q (n + 1)) h,
+    qidx (G, nb q) its queries, idx (nb, L) each pattern's spins). In a bucket padded to L spins, each
+    pattern's present spins come first (ascending), then the padding index n: h, the marginals and their
+    gradients move by one gather or scatter each. Patterns without a present spin are in no bucket
+    (marginals 0, log Z 0).
+    """
+
+    def __init__(self, patterns: Tensor, order: Tensor, dtype: torch.dtype, key: tuple, enumerated: int):
+        G, Q = order.shape
+        P, n = patterns.shape
+        self.order, self.q = order, Q // P
+        perm, parts = _plan_buckets(key, P, n, G * self.q, (CALL_OVERHEAD, TABLE_COST, enumerated),
+                                      dtype, patterns.device)
+        rows = order.view(G, P, self.q)
+        if perm is not None:  # by size (a causal mask's patterns already are)
+            rows = rows[:, perm]
+        self.buckets = []
+        for start, end, idx, free, flat in parts:
+            nb, L = idx.shape
+            sel = rows[:, start:end]  # (G, nb, q)
+            hidx = (sel[..., None] * (n + 1) + idx[None, :, None, :]).reshape(G, nb * self.q * L)
+            self.buckets.append((nb, L, free, flat, hidx, sel.reshape(G, nb * self.q), idx))
+
+
+_PLANS: dict = {}  # recent plans by patterns, shapes and dtype; reused while the queries' order is the same
+
+
+def plan(patterns: Tensor, order: Tensor, dtype: torch.dtype, enumerated: int = 0) -> Plan:
+    """The ``Plan`` of these patterns and query order, cached (a causal mask gives the same one each call).
+
+    enumerated: the solver enumerates systems of up to this many spins state by state (a cheaper call,
+    n 2^n work per query), which the cost model takes into account; 0 when it never does."""
+    key = tuple(patterns.flatten().tolist())
+    cache_key = (key, patterns.shape, order.shape, dtype, order.device, (CALL_OVERHEAD, TABLE_COST, enumerated))
+    found = _PLANS.get(cache_key)
+    if found is None or not (found.order is order or torch.equal(found.order, order)):
+        found = _PLANS[cache_key] = Plan(patterns, order, dtype, key, enumerated)
+        while len(_PLANS) > 8:
+            del _PLANS[next(iter(_PLANS))]
+    return found
+
+
+@lru_cache(maxsize=256)
+def _plan_buckets(key: tuple, P: int, n: int, queries: int, constants: tuple, dtype: torch.dtype,
+                  device: torch.device):
+    """(perm, buckets) of ``Plan`` for the patterns ``key`` (P x n bools, flattened); perm None when the
+    patterns already are by size. constants: the cost model's and ``enumerated`` (part of the cache key)."""
+    patterns = torch.tensor(key, dtype=torch.bool).view(P, n)
+    sizes = patterns.sum(-1).tolist()
+    by_size = sorted(range(P), key=sizes.__getitem__)
+    first = sizes.count(0)
+    spins = torch.argsort((~patterns).to(torch.int8), dim=1, stable=True)
+    spins = torch.where(torch.arange(n) < torch.tensor(sizes)[:, None], spins, n)
+    out = []
+    for start, end in buckets([sizes[p] for p in by_size[first:]], queries, constants[2]):
+        start, end = first + start, first + end
+        chosen = by_size[start:end]
+        L = sizes[chosen[-1]]
+        idx = spins[chosen, :L]
+        free = torch.tensor([(L - sizes[p]) * math.log(2.0) for p in chosen], dtype=dtype)
+        flat = (idx[:, :, None] * (n + 1) + idx[:, None, :]).reshape(-1)
+        out.append((start, end, idx.to(device), free.to(device), flat.to(device)))
+    perm = None if by_size == list(range(P)) else torch.tensor(by_size, device=device)
+    return perm, out
+
+

@@ -1,0 +1,225 @@
+"""Every rule on the attention layer's arguments, in one place.
+
+- :func:`check_options`: the options of a layer (mode, method and its options, the coupling kind and its
+  options, causal). Both :func:`~boltzmann_attention.boltzmann_attention` and
+  :class:`~boltzmann_attention.BoltzmannAttention` call it, so the module refuses at construction exactly
+  what the functional form refuses, in the same words. Method option values are checked by the method's
+  record (:mod:`boltzmann_attention.ising.methods`).
+- :func:`check_call`: the tensors and per-call arguments of the functional form (types and shapes).
+- :func:`check_values`: NaN and inf in query, key and the field they make (values, not shapes).
+- :func:`check_layer_sizes`, :func:`check_sizes`: the module's sizes and initialisation.
+
+The Ising-level checks (h, J, K and mask of :mod:`boltzmann_attention.ising`) are in
+``ising/_inputs.py``; ``check_int``, ``check_real`` and ``check_finite`` are re-exported here.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import Tensor
+
+from . import ising
+from .ising import window as window_ising
+from .ising._inputs import _check_finite as check_finite
+from .ising._inputs import check_int, check_real
+from .ising.methods import methods_with, resolve_method
+
+__all__ = ["MODES", "COUPLINGS", "WINDOW_MODES", "mode_terms", "check_options", "check_call", "check_values",
+           "check_layer_sizes", "check_sizes", "check_finite", "check_int", "check_real"]
+
+MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
+COUPLINGS = ("full", "relative", "window")
+WINDOW_MODES = ("h+J", "J")  # the coupled window: pairwise couplings, no three-body terms
+
+
+def mode_terms(mode: str) -> tuple[bool, bool, bool]:
+    """(uses the QK field, uses J, uses K) for a mode name."""
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
+    return mode != "J", "J" in mode, "K" in mode
+
+
+def _names(names: tuple[str, ...]) -> str:
+    """'a', 'a' and 'b', 'a', 'b' and 'c'."""
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+def _check_bool(name: str, flag) -> None:
+    if not isinstance(flag, bool):
+        raise ValueError(f"{name} must be True or False, got {flag!r}")
+
+
+def check_options(mode: str, method, method_options: dict | None, *, causal: bool, coupling: str = "full",
+                  coupling_window: int | None = None, coupling_window_relative: bool = False,
+                  coupling_range: int | None = None) -> None:
+    """ValueError, naming the option, for any option of a layer that its forward would refuse.
+
+    coupling: 'full' (a dense J per call), 'relative' (J_jk = f(|j - k|), f = 0 beyond coupling_range) or
+    'window' (coupling_window=W keys coupled by a slot-indexed J; causal, mode 'h+J' or 'J', method 'exact'
+    with option max_spins only). The functional form passes coupling='window' when it is given a
+    coupling_window, else 'full'.
+    """
+    mode_terms(mode)
+    _check_bool("causal", causal)
+    if method_options is not None and not isinstance(method_options, dict):
+        raise ValueError(f"method_options must be a dict or None, got {type(method_options).__name__}")
+    options = method_options or {}
+    if not isinstance(coupling, str) or coupling not in COUPLINGS:
+        raise ValueError(f"unknown coupling {coupling!r}; choose 'full', 'relative' or 'window'")
+    if coupling_range is not None:
+        if coupling != "relative":
+            raise ValueError(f"coupling_range applies to coupling='relative' only (got coupling={coupling!r}); "
+                             "'full' couples every pair up to max_len")
+        check_int("coupling_range", coupling_range, 0)  # 0: no couplings, honoured (not replaced by a default)
+    _check_bool("coupling_window_relative", coupling_window_relative)
+    if (coupling == "window") != (coupling_window is not None):
+        raise ValueError("coupling='window' and coupling_window=W go together (W: the number of coupled keys)")
+    if coupling != "window":
+        if coupling_window_relative:
+            raise ValueError(f"coupling_window_relative applies to coupling='window' only, got coupling={coupling!r}")
+        ising.validate_options(method, options)  # names and values: now, not at the first forward
+        return
+    if mode not in WINDOW_MODES:
+        raise ValueError(f"coupling_window needs a mode with pairwise couplings and no three-body terms "
+                         f"({' or '.join(map(repr, WINDOW_MODES))}), got mode {mode!r}")
+    if not resolve_method(method).window:
+        raise ValueError(f"coupling_window is computed by method {_names(methods_with('window'))} only, "
+                         f"got {method!r}")
+    if not causal:
+        raise ValueError("coupling_window needs is_causal=True (slot a is key i - a, the keys before query i)")
+    unknown = set(options) - {"max_spins"}
+    if unknown:
+        raise ValueError(f"unknown method_options {sorted(unknown)} for coupling_window; it takes 'max_spins'")
+    ising.validate_options(method, options)
+    window_ising.check_window(None, coupling_window, options.get("max_spins", window_ising.MAX_SPINS))
+
+
+def check_call(query: Tensor, key: Tensor, value: Tensor, *, couplings, three_body, mode: str, method,
+               method_options, is_causal, attn_mask, scale, bias, return_weights, coupling_window) -> None:
+    """The functional form's arguments: types and shapes of the tensors, and the options (``check_options``)."""
+    _, uses_J, uses_K = mode_terms(mode)
+    _check_qkv(query, key, value)
+    L, S = query.shape[-2], key.shape[-2]
+    shape = (*query.shape[:2], L, S)
+    for name, flag in (("is_causal", is_causal), ("return_weights", return_weights)):
+        _check_bool(name, flag)
+    if scale is not None:
+        check_real("scale", scale)
+    if isinstance(bias, Tensor):
+        if bias.dtype != query.dtype:
+            raise ValueError(f"bias must be a float or a tensor of query's dtype {query.dtype}, got {bias.dtype}")
+        _check_broadcasts_to("bias", bias, shape)
+    elif isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not math.isfinite(bias):
+        raise ValueError(f"bias must be a finite float or a tensor broadcastable to (B, H, L, S), got {bias!r}")
+    if mode == "softmax" and (isinstance(bias, Tensor) or bias != 0):
+        raise ValueError("mode 'softmax' does not use `bias` (it shifts the Ising field); pass 0.0")
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise ValueError(f"attn_mask must be a bool tensor, got {type(attn_mask).__name__}")
+        _check_broadcasts_to("attn_mask", attn_mask, shape)
+        if attn_mask.dtype != torch.bool:
+            raise ValueError("attn_mask must be a bool tensor (True means the key takes part); to shift the "
+                             "field, pass a float tensor as `bias` instead")
+    toeplitz = isinstance(couplings, ising.toeplitz.Toeplitz)
+    if toeplitz:  # a layer with relative couplings and method 'meanfield' or 'tap' (no window: checked below)
+        check_options(mode, method, method_options, causal=is_causal)
+    else:
+        check_options(mode, method, method_options, causal=is_causal,
+                      coupling="full" if coupling_window is None else "window", coupling_window=coupling_window)
+    for name, given, needed in (("couplings", couplings, uses_J), ("three_body", three_body, uses_K)):
+        if needed and given is None:
+            raise ValueError(f"mode {mode!r} needs `{name}`")
+        if given is not None and not needed:
+            raise ValueError(f"mode {mode!r} does not use `{name}`; pass None or choose another mode")
+    if toeplitz:
+        _check_toeplitz(couplings, three_body, method, coupling_window)
+    elif coupling_window is not None:
+        window_ising.check_window(couplings, coupling_window, (method_options or {}).get(
+            "max_spins", window_ising.MAX_SPINS))
+    else:
+        _check_couplings("couplings", couplings, query, S, 2)
+    _check_couplings("three_body", three_body, query, S, 3)
+
+
+def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None) -> None:
+    """NaN or inf, refused in every mode: in query and key for mode 'softmax', else in the field h they make
+    with the bias (also for mode 'h', the closed form). value is used as given (a NaN propagates, as in SDPA)."""
+    if mode == "softmax":
+        check_finite("query", query)
+        check_finite("key", key)
+    else:
+        check_finite("the field h = scale * query.key + bias", field)
+
+
+def check_sizes(init_std: float = 0.0, **sizes: int) -> None:
+    """Each size an integer >= 1, init_std a finite number >= 0; ValueError naming the argument."""
+    for name, value in sizes.items():
+        check_int(name, value, 1)
+    check_real("coupling_init_std", init_std, minimum=0.0)
+
+
+def check_layer_sizes(embed_dim, num_heads, max_len, coupling_init_std, field_bias_init) -> None:
+    """BoltzmannAttention's sizes and initialisation, each named in its error."""
+    check_sizes(embed_dim=embed_dim, num_heads=num_heads, max_len=max_len, init_std=coupling_init_std)
+    if embed_dim % num_heads:
+        raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+    if field_bias_init is not None:
+        check_real("field_bias_init", field_bias_init)
+
+
+def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """Types and shapes (named) of query (B, H, L, E), key (B, H, S, E), value (B, H, S, Ev)."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {type(x).__name__} "
+                             f"{getattr(x, 'dtype', '')}")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError("query, key and value must be 4-D: (B, H, L, E), (B, H, S, E), (B, H, S, Ev); got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise ValueError(f"query, key and value must have one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    B, H = query.shape[:2]
+    for name, x in (("key", key), ("value", value)):
+        if x.shape[:2] != (B, H):
+            raise ValueError(f"{name} has batch and heads {tuple(x.shape[:2])} but query has {(B, H)}: (B, H) "
+                             "must be the same for query, key and value")
+    if key.shape[-1] != query.shape[-1]:
+        raise ValueError(f"key's last dimension E = {key.shape[-1]} must equal query's E = {query.shape[-1]}")
+    if value.shape[-2] != key.shape[-2]:
+        raise ValueError(f"value has {value.shape[-2]} keys (dimension -2) but key has S = {key.shape[-2]}")
+
+
+def _check_broadcasts_to(name: str, x: Tensor, shape: tuple[int, ...]) -> None:
+    try:
+        ok = torch.broadcast_shapes(x.shape, shape) == shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} of shape {tuple(x.shape)} does not broadcast to (B, H, L, S) = {shape}")
+
+
+def _check_couplings(name: str, x: Tensor | None, query: Tensor, S: int, order: int) -> None:
+    """couplings (H or 1, S, S) or three_body (H or 1, S, S, S) of query's dtype."""
+    if x is None:
+        return
+    H = query.shape[1]
+    expected = "(H, " + ", ".join([str(S)] * order) + f") with H = 1 or {H} heads"
+    if not isinstance(x, Tensor) or x.dtype != query.dtype:
+        raise ValueError(f"{name} must be a tensor of query's dtype {query.dtype}, got {type(x).__name__} "
+                         f"{getattr(x, 'dtype', '')}")
+    if x.dim() != order + 1 or x.shape[1:] != (S,) * order or x.shape[0] not in (1, H):
+        raise ValueError(f"{name} must have shape {expected}, got {tuple(x.shape)}")
+
+
+def _check_toeplitz(couplings, three_body, method, coupling_window) -> None:
+    if not resolve_method(method).toeplitz:
+        raise ValueError(f"Toeplitz couplings are solved by methods {_names(methods_with('toeplitz'))}, got "
+                         f"{method!r}; pass the dense J (Toeplitz.dense(S)) to the other methods")
+    if three_body is not None or coupling_window is not None:
+        raise ValueError("Toeplitz couplings take no three_body and no coupling_window")
+    if couplings.profile.dim() != 2:
+        raise ValueError(f"the Toeplitz profile must have shape (H, w), got {tuple(couplings.profile.shape)}")
