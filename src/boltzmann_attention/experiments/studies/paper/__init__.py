@@ -2,7 +2,8 @@
 
 The report holds the measured tables next to the paper's numbers, then "Agreement with the paper", claim by
 claim with paired t-tests over seeds, and "Extension past the paper" when Shakespeare runs with T > 14 exist.
-It is also the report of any results folder that no other study claims (a plain ``sweep``).
+It is also the report of any results folder that no other study claims (a plain ``sweep``). The paper's
+numbers and claims live in ``experiments/claims.py``, where other studies check them on their own runs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ DEFAULT = True  # the report of any results folder that no other study owns
 # ---------------------------------------------------------------------------------------------------- grids
 
 def quick(field_bias: str, decisions: None = None) -> list[Grid]:
-    """A smoke test of about 15 minutes on 2 cores: one seed, 1000 steps (its verdicts mean little)."""
+    """A smoke test of the pipeline: one seed, 1000 steps (its verdicts mean little)."""
     return with_field_bias([
         Grid(("shakespeare",), (4, 8), seeds=(0,), overrides={"steps": 1000, "eval_interval": 250}),
         Grid(("brackets",), (8,), seeds=(0,), overrides={"steps": 1000, "eval_interval": 250})], field_bias)
