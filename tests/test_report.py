@@ -647,6 +647,15 @@ def test_decisions_come_from_the_study_folder(tmp_path, monkeypatch):
         studies.decisions(studies.realsize)
 
 
+def test_protocol_sections_split_at_level_two_headings():
+    from boltzmann_attention.experiments.report import protocol_sections
+
+    text = "# Title\n\nThe rules.\n    # an indented line stays\n\n## Stage 1\n\nFirst.\n\n## Decisions\n\n- x\n"
+    assert protocol_sections(text) == {"": "The rules.\n    # an indented line stays", "Stage 1": "First.",
+                                       "Decisions": "- x"}
+    assert protocol_sections("") == {"": ""}
+
+
 TOY_STUDY = '''"""A toy study: one profile, a report that quotes its protocol and decision."""
 
 from dataclasses import dataclass

@@ -80,16 +80,20 @@ class ReportContext:
 
 
 def protocol_sections(text: str) -> dict[str, str]:
-    """A protocol's text by section: ``""`` the text before the first ``## `` heading (its ``# `` title line
-    left out), then each ``## `` heading's text under its title; every part stripped."""
-    sections, title, lines = {}, "", []
-    for line in text.splitlines():
+    """A protocol's text by section: ``""`` the text before the first ``## `` heading (a leading ``# `` title
+    line left out), then each ``## `` heading's text under its title; every part stripped."""
+    lines = text.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    if first < len(lines) and lines[first].startswith("# "):
+        lines = lines[first + 1:]
+    sections, title, body = {}, "", []
+    for line in lines:
         if line.startswith("## "):
-            sections[title] = "\n".join(lines).strip()
-            title, lines = line[3:].strip(), []
-        elif not (line.startswith("# ") and not sections and title == "" and not any(x.strip() for x in lines)):
-            lines.append(line)
-    sections[title] = "\n".join(lines).strip()
+            sections[title] = "\n".join(body).strip()
+            title, body = line[3:].strip(), []
+        else:
+            body.append(line)
+    sections[title] = "\n".join(body).strip()
     return sections
 
 
