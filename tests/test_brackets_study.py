@@ -62,7 +62,10 @@ def test_report_on_planted_runs(tmp_path):
     _plant(tmp_path, ACCURACY)
     assert study_of(Results(load_runs(tmp_path))) is brackets
     text = write_report(tmp_path, tmp_path / "rep").read_text()
-    assert "**Chosen: deeper-long** (89.00%)" in text
+    assert ("**Chosen: deeper-long** (89.00%) (CHOSEN in studies/brackets/decisions.json is still 'deep-long-300': "
+            "set it to 'deeper-long' for the experiments)") in text  # the recorded decision differs from the rule's
+    agreeing = write_report(tmp_path, tmp_path / "rep", decided(chosen="deeper-long")).read_text()
+    assert "**Chosen: deeper-long** (89.00%)." in agreeing
     row = next(line for line in text.splitlines() if line.startswith("| 3. deep-long |"))
     assert "| 93.00 ± 1.00 (n=3) | 73.00 ± 1.00 (n=3) | 92.00, 93.00, 94.00 |" in row
     easy = next(line for line in text.splitlines() if line.startswith("| 0. easy |"))

@@ -234,11 +234,12 @@ def learning_rate_section(res: Results, d: Decisions) -> list[str]:
         scores = {}
         for lr in sorted(LEARNING_RATES + d.extra_learning_rates.get(mode, ())):
             per_T = [_values(_get(res, T, mode, variant(d.chosen_init, lr))) for T in INIT_TS]
-            per_T = [{s: v for s, v in d.items() if s in SEEDS} for d in per_T]  # the init study has 5 seeds
+            per_T = [{s: v for s, v in by_seed.items() if s in SEEDS} for by_seed in per_T]  # the init study: 5 seeds
             if all(per_T):
-                scores[lr] = statistics.mean(statistics.mean(math.log(v) for v in d.values()) for d in per_T)
+                scores[lr] = statistics.mean(statistics.mean(math.log(v) for v in by_seed.values())
+                                             for by_seed in per_T)
             if any(per_T):
-                rows.append([mode, f"{lr:g}"] + [fmt_stat(stat(d.values())) for d in per_T])
+                rows.append([mode, f"{lr:g}"] + [fmt_stat(stat(by_seed.values())) for by_seed in per_T])
         if len(scores) == len(LEARNING_RATES) + len(d.extra_learning_rates.get(mode, ())):
             best[mode] = min(scores, key=scores.get)
     if not rows:

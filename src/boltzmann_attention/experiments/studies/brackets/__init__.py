@@ -249,20 +249,20 @@ def choose(means: dict[str, float]) -> str | None:
     return min(inside, key=lambda n: (round(abs(means[n] - TARGET), 9), order.index(n))) if inside else None
 
 
-def calibration_section(res: Results, out: Path, decisions: Decisions) -> list[str]:
+def calibration_section(res: Results, out: Path, d: Decisions) -> list[str]:
     rows, means, curve = [], {}, []
     for i, s in enumerate(SETTINGS):
         g = _group(res, s)
         acc = g.values("accuracy", "test") if g else {}
         whole = g.values("accuracy_sequence", "test") if g else {}
         st, sw = stat(acc.values()), stat(whole.values())
-        d = data_statistics(s)
+        data = data_statistics(s)
         if st is not None and st.n == len(CALIBRATION_SEEDS):
             means[s.name] = st.mean
         if st is not None:
             curve.append((i, s.name, st, sw))
-        rows.append([f"{i}. {s.name}", s.about, f"{100 * d['filler']:.0f}%", f"{d['depth']:.2f}",
-                     f"{d['distance']:.2f}", f"{100 * d['val_in_train']:.1f}%", _percent(st), _percent(sw),
+        rows.append([f"{i}. {s.name}", s.about, f"{100 * data['filler']:.0f}%", f"{data['depth']:.2f}",
+                     f"{data['distance']:.2f}", f"{100 * data['val_in_train']:.1f}%", _percent(st), _percent(sw),
                      ", ".join(f"{100 * acc[k]:.2f}" for k in sorted(acc)) or "not run"])
     if not curve:
         return []
@@ -277,7 +277,7 @@ def calibration_section(res: Results, out: Path, decisions: Decisions) -> list[s
              md_table(["setting", "what changes", "filler", "depth", "match distance", "val in train",
                        "test accuracy (%)", "per-sequence (%)", "per seed (%)"], rows), "",
              "![softmax's test accuracy against the setting](calibration.png)", ""]
-    lines += _rule_lines(means, decisions)
+    lines += _rule_lines(means, d)
     return lines
 
 
