@@ -12,7 +12,7 @@ from boltzmann_attention.experiments.results import Results, load_runs
 from boltzmann_attention.experiments.studies import baselines, study_of, write_report
 
 FB = "learn-half-log-T"  # the default field bias
-RECORDED = studies.decisions(baselines)
+RECORDED = studies.load_decisions(baselines)
 D = replace(RECORDED, extra_learning_rates={})  # the planted runs have no lr beyond the grid
 
 

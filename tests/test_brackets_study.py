@@ -14,7 +14,7 @@ FB = "learn-half-log-T"  # the default field bias
 
 def decided(**changes) -> brackets.Decisions:
     """The study's recorded decisions with ``changes`` (field names in lower case)."""
-    return replace(studies.decisions(brackets), **changes)
+    return replace(studies.load_decisions(brackets), **changes)
 
 
 def test_calibration_grid_follows_the_design():
@@ -239,7 +239,7 @@ def test_lr_section_applies_the_rule(tmp_path):
 def test_stage_one_says_whether_softmax_reproduces_the_calibration(tmp_path):
     _plant_stage_one(tmp_path / "results", {"softmax": {3e-3: 0.88}})
     calibration = tmp_path / "report" / "brackets-calibration"
-    setting = brackets.chosen_setting(studies.decisions(brackets))
+    setting = brackets.chosen_setting(studies.load_decisions(brackets))
     for seed, acc in ((0, 0.87), (1, 0.88), (2, 0.8925)):  # seed 2 differs by 0.25 points
         m = brackets_metrics(acc)
         write_run(calibration, "brackets", 16, "softmax", seed, variant=setting.variant, val=m, test=m, lr=3e-3,

@@ -13,7 +13,7 @@ from boltzmann_attention.experiments.studies import realsize, study_of, write_re
 from boltzmann_attention.experiments.train import TrainConfig
 
 ARMS = [a.name for a in realsize.ARMS]
-RECORDED = studies.decisions(realsize)
+RECORDED = studies.load_decisions(realsize)
 
 
 def decided(**changes) -> realsize.Decisions:

@@ -610,7 +610,7 @@ def test_the_study_registry():
         assert callable(study.owns) and callable(study.report) and study.PROFILES
         assert set(study.HELP) == set(study.PROFILES), studies.name(study)
         for name, grids in study.PROFILES.items():
-            assert all(g.runs() for g in grids(DEFAULT_FIELD_BIAS, studies.decisions(study))), name
+            assert all(g.runs() for g in grids(DEFAULT_FIELD_BIAS, studies.load_decisions(study))), name
         assert studies.protocol(study).startswith("# "), studies.name(study)  # every study has its protocol
     with pytest.raises(ValueError, match="unknown profile 'huge'"):
         studies.profile("huge")
@@ -636,15 +636,15 @@ def test_decisions_come_from_the_study_folder(tmp_path, monkeypatch):
     from boltzmann_attention.experiments import studies
     from boltzmann_attention.experiments.recipes import BEST_LR, CHOSEN_INIT
 
-    d = studies.decisions(studies.brackets)
+    d = studies.load_decisions(studies.brackets)
     assert d.chosen == "deep-long-300" and d.best_lr["h+J"] == 3e-4 and d.extra_learning_rates["J"] == (3e-2, 1e-1)
-    baselines = studies.decisions(studies.baselines)
+    baselines = studies.load_decisions(studies.baselines)
     assert (baselines.best_lr, baselines.chosen_init) == (BEST_LR, CHOSEN_INIT)  # the shared recipe is the record's
-    assert studies.decisions(studies.paper) is None  # a study without decisions
+    assert studies.load_decisions(studies.paper) is None  # a study without decisions
     (tmp_path / "decisions.json").write_text('{"BEST_LR": {}, "BEST_LR_TYPO": 1}')
     monkeypatch.setattr(studies, "folder", lambda study: tmp_path)
     with pytest.raises(ValueError, match="unknown decisions \\['BEST_LR_TYPO'\\].*'BEST_LR'"):
-        studies.decisions(studies.realsize)
+        studies.load_decisions(studies.realsize)
 
 
 def test_protocol_sections_split_at_level_two_headings():

@@ -31,7 +31,7 @@ from ..report import ReportContext
 from ..results import Results, load_runs, write_archive
 from ..sweep import DEFAULT_FIELD_BIAS, Grid, field_bias_config
 
-__all__ = ["all_studies", "decisions", "profile", "profile_help", "profiles", "protocol", "sets_own_init",
+__all__ = ["all_studies", "load_decisions", "profile", "profile_help", "profiles", "protocol", "sets_own_init",
            "study_of", "study_of_profile", "write_report"]
 
 PROTOCOL = "protocol.md"
@@ -88,7 +88,7 @@ def _frozen(value):
     return value
 
 
-def decisions(study: ModuleType):
+def load_decisions(study: ModuleType):
     """The study's ``decisions.json`` read into its ``Decisions`` (None for a study without one); a key that
     is not a field is an error naming the fields."""
     kind = getattr(study, "Decisions", None)
@@ -109,12 +109,12 @@ def protocol(study: ModuleType) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def profile(name_: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
-    """The grids of profile ``name_`` under its study's decisions; ``field_bias`` (a key of FIELD_BIASES) sets
+def profile(profile_name: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
+    """The grids of profile ``profile_name`` under its study's decisions; ``field_bias`` (a key of FIELD_BIASES) sets
     the field bias of the Boltzmann modes (the fair study's bias comparison runs every variant whatever it is)."""
     field_bias_config(field_bias, 2)  # validates the name
-    study = study_of_profile(name_)
-    return study.PROFILES[name_](field_bias, decisions(study))
+    study = study_of_profile(profile_name)
+    return study.PROFILES[profile_name](field_bias, load_decisions(study))
 
 
 def study_of(res: Results) -> ModuleType:
@@ -124,22 +124,22 @@ def study_of(res: Results) -> ModuleType:
     return next((s for s in others if s.owns(res)), default)
 
 
-def context(study: ModuleType, results_dir: Path, out: Path, decisions_=None) -> ReportContext:
-    """What ``study``'s report is handed: its decisions (``decisions_``, else its folder's) and protocol, and
+def context(study: ModuleType, results_dir: Path, out: Path, decisions=None) -> ReportContext:
+    """What ``study``'s report is handed: its decisions (``decisions``, else its folder's) and protocol, and
     the paths of the archives it reads (each profile's report folder beside ``out``)."""
     known = profiles()
     reads = getattr(study, "READS", ())
     unknown = [p for p in reads if p not in known]
     if unknown:
         raise ValueError(f"study {name(study)!r} reads the archives of unknown profiles {unknown}; known: {known}")
-    return ReportContext(results_dir, out, decisions(study) if decisions_ is None else decisions_, protocol(study),
+    return ReportContext(results_dir, out, load_decisions(study) if decisions is None else decisions, protocol(study),
                          {p: out.parent / p / ARCHIVE for p in reads})
 
 
-def write_report(results_dir: str | Path, out_dir: str | Path, decisions_=None) -> Path:
+def write_report(results_dir: str | Path, out_dir: str | Path, decisions=None) -> Path:
     """Write ``out_dir/README.md``, its PNGs and ``runs.jsonl.gz`` (the data behind them, small enough to
     commit) from ``results_dir/runs/*.json`` or from such an archive; returns the README's path. The report
-    applies the owning study's decisions from its folder, or ``decisions_`` when given (e.g. to see a report
+    applies the owning study's decisions from its folder, or ``decisions`` when given (e.g. to see a report
     under other decisions)."""
     results_dir, out = Path(results_dir), Path(out_dir)
     runs = load_runs(results_dir)
@@ -147,7 +147,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path, decisions_=None) 
     out.mkdir(parents=True, exist_ok=True)
     write_archive(runs, out)  # after loading: the source may be this file
     study = study_of(res)
-    lines = study.report(res, context(study, results_dir, out, decisions_))
+    lines = study.report(res, context(study, results_dir, out, decisions))
     path = out / "README.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path
