@@ -1,10 +1,20 @@
 """The bracket-headroom study: its calibration grid, its rule for choosing the setting, and its report."""
 
+from dataclasses import replace
+
 import pytest
 from test_report import brackets_metrics, write_run
 
+from boltzmann_attention.experiments import studies
 from boltzmann_attention.experiments.results import Results, load_runs, write_archive
 from boltzmann_attention.experiments.studies import brackets, profile, study_of, write_report
+
+FB = "learn-half-log-T"  # the default field bias
+
+
+def decided(**changes) -> brackets.Decisions:
+    """The study's recorded decisions with ``changes`` (field names in lower case)."""
+    return replace(studies.load_decisions(brackets), **changes)
 
 
 def test_calibration_grid_follows_the_design():
@@ -52,7 +62,10 @@ def test_report_on_planted_runs(tmp_path):
     _plant(tmp_path, ACCURACY)
     assert study_of(Results(load_runs(tmp_path))) is brackets
     text = write_report(tmp_path, tmp_path / "rep").read_text()
-    assert "**Chosen: deeper-long** (89.00%)" in text
+    assert ("**Chosen: deeper-long** (89.00%) (CHOSEN in studies/brackets/decisions.json is still 'deep-long-300': "
+            "set it to 'deeper-long' for the experiments)") in text  # the recorded decision differs from the rule's
+    agreeing = write_report(tmp_path, tmp_path / "rep", decided(chosen="deeper-long")).read_text()
+    assert "**Chosen: deeper-long** (89.00%)." in agreeing
     row = next(line for line in text.splitlines() if line.startswith("| 3. deep-long |"))
     assert "| 93.00 ± 1.00 (n=3) | 73.00 ± 1.00 (n=3) | 92.00, 93.00, 94.00 |" in row
     easy = next(line for line in text.splitlines() if line.startswith("| 0. easy |"))
@@ -86,10 +99,9 @@ def _options(c):
     return {k: getattr(c, k) for k in CHOSEN_OPTIONS}
 
 
-def test_stage_one_grid_before_any_decision(monkeypatch):
-    monkeypatch.setattr(brackets, "BEST_LR", {})
-    monkeypatch.setattr(brackets, "EXTRA_LEARNING_RATES", {})
-    runs = [cfg for grid in profile("brackets-hard") for _, cfg in grid.runs()]
+def test_stage_one_grid_before_any_decision():
+    d = decided(best_lr={}, extra_learning_rates={})
+    runs = [cfg for grid in brackets.hard_grids(FB, d) for _, cfg in grid.runs()]
     for cfg in runs:
         cfg.validate()
     assert len(runs) == 6 * 3 * 3  # no stage-2 run until BEST_LR holds the decision
@@ -99,20 +111,19 @@ def test_stage_one_grid_before_any_decision(monkeypatch):
     assert sorted((c.mode, c.lr, c.seed) for c in runs) == sorted(
         (m, lr, s) for m in ("softmax", "h", "J", "h+J", "h+K", "h+J+K") for lr in (1e-3, 3e-3, 1e-2) for s in range(3))
     assert [c.seed for c in runs] == sorted(c.seed for c in runs)  # seed by seed
-    names = [name for grid in profile("brackets-hard") for name, _ in grid.runs()]
+    names = [name for grid in brackets.hard_grids(FB, d) for name, _ in grid.runs()]
     assert len(set(names)) == len(names) and "brackets-T16-h+J-exact-hard-lr0.003-s0" in names
 
 
 BEST = {"softmax": 3e-3, "h": 3e-3, "J": 1e-2, "h+J": 3e-3, "h+K": 1e-3, "h+J+K": 1e-3}
 
 
-def test_stage_two_grid_follows_the_design(monkeypatch):
-    monkeypatch.setattr(brackets, "BEST_LR", BEST)
-    monkeypatch.setattr(brackets, "EXTRA_LEARNING_RATES", {"J": (3e-2,)})
-    listed = [(name, cfg) for grid in profile("brackets-hard") for name, cfg in grid.runs()]
+def test_stage_two_grid_follows_the_design():
+    d = decided(best_lr=BEST, extra_learning_rates={"J": (3e-2,)})
+    listed = [(name, cfg) for grid in brackets.hard_grids(FB, d) for name, cfg in grid.runs()]
     stage1 = listed[:6 * 3 * 3 + 3]
     assert {(c.mode, c.lr) for _, c in stage1 if c.lr == 3e-2} == {("J", 3e-2)}
-    stage3 = [(n, c) for grid in brackets.noffn_check_grids() for n, c in grid.runs()]
+    stage3 = [(n, c) for grid in brackets.noffn_check_grids(d) for n, c in grid.runs()]
     assert stage3 == listed[len(listed) - len(stage3):]  # stage 3 runs last
     stage2 = listed[len(stage1):len(listed) - len(stage3)]
     for _, c in stage2:
@@ -128,30 +139,27 @@ def test_stage_two_grid_follows_the_design(monkeypatch):
     assert all(c.seed == 0 for _, c in stage2[:12]) and {d for d, _ in first_seed} == {0, 128}
     reused = {name for name, c in stage2 if c.T == 16 and c.d_ff == 128 and c.seed < 3}
     assert len(reused) == 18 and reused <= {name for name, _ in stage1}  # stage 1's runs at the chosen lr
-    monkeypatch.setattr(brackets, "BEST_LR", {"softmax": 3e-3})
-    partial = [c for grid in brackets.experiment_grids() for _, c in grid.runs()]
+    partial = [c for grid in brackets.experiment_grids(decided(best_lr={"softmax": 3e-3})) for _, c in grid.runs()]
     assert {c.mode for c in partial} == {"softmax"} and len(partial) == 4 * 5 * 2
 
 
-def test_stage_three_checks_the_lr_without_the_ffn(monkeypatch):
-    monkeypatch.setattr(brackets, "BEST_LR", BEST)
-    monkeypatch.setattr(brackets, "NOFFN_CHECK_EXTRA", {})
-    runs = [(n, c) for grid in brackets.noffn_check_grids() for n, c in grid.runs()]
+def test_stage_three_checks_the_lr_without_the_ffn():
+    d = decided(best_lr=BEST, noffn_check_extra={})
+    runs = [(n, c) for grid in brackets.noffn_check_grids(d) for n, c in grid.runs()]
     assert {(c.T, c.d_ff, c.steps) for _, c in runs} == {(16, 0, 4000)} and all(_options(c) == CHOSEN_OPTIONS
                                                                               for _, c in runs)
     assert sorted((c.mode, c.lr, c.seed) for _, c in runs) == sorted(
         (m, lr, s) for m, lrs in (("softmax", (1e-3, 3e-3, 1e-2)), ("h", (1e-3, 3e-3, 1e-2)),
                                   ("J", (3e-3, 1e-2, 3e-2)), ("h+J", (1e-3, 3e-3, 1e-2)))
         for lr in lrs for s in range(3))
-    stage2 = {n for grid in brackets.experiment_grids() for n, _ in grid.runs()}
+    stage2 = {n for grid in brackets.experiment_grids(d) for n, _ in grid.runs()}
     assert len({n for n, _ in runs} - stage2) == 4 * 2 * 3  # the runs at BEST_LR are stage 2's
-    monkeypatch.setattr(brackets, "NOFFN_CHECK_EXTRA", {"softmax": (3e-2,)})  # an extension beyond an edge
-    assert brackets.noffn_check_lrs("softmax") == (1e-3, 3e-3, 1e-2, 3e-2)
+    extended = decided(best_lr=BEST, noffn_check_extra={"softmax": (3e-2,)})  # an extension beyond an edge
+    assert brackets.noffn_check_lrs("softmax", extended) == (1e-3, 3e-3, 1e-2, 3e-2)
 
 
-def test_stage_three_report_applies_the_rule(tmp_path, monkeypatch):
-    monkeypatch.setattr(brackets, "BEST_LR", BEST)
-    monkeypatch.setattr(brackets, "NOFFN_CHECK_EXTRA", {})
+def test_stage_three_report_applies_the_rule(tmp_path):
+    d = decided(best_lr=BEST, noffn_check_extra={})
     val = {("softmax", 1e-3): 0.93, ("softmax", 3e-3): 0.94, ("softmax", 1e-2): 0.90,
            ("h", 1e-3): 0.85, ("h", 3e-3): 0.88, ("h", 1e-2): 0.92}  # h's best is not stage 1's lr
     for (mode, lr), acc in val.items():
@@ -160,7 +168,7 @@ def test_stage_three_report_applies_the_rule(tmp_path, monkeypatch):
             t = {**brackets_metrics(acc - 0.02 + 0.01 * seed), "accuracy_sequence": acc - 0.4}
             write_run(tmp_path, "brackets", 16, mode, seed, variant=brackets.hard_variant(lr, ffn=False), val=v,
                       test=t, lr=lr, d_ff=0, **CHOSEN_OPTIONS)
-    text = "\n".join(brackets.noffn_check_section(Results(load_runs(tmp_path))))
+    text = "\n".join(brackets.noffn_check_section(Results(load_runs(tmp_path)), d))
     assert "| softmax | **0.003 (stage 1's)** | 95.00 ± 1.00 (n=3) |" in text
     assert "| h | 0.003 (stage 1's) | 89.00 ± 1.00 (n=3) |" in text and "| h | **0.01** | 93.00 ± 1.00 (n=3) |" in text
     h = text.split("Test set at the rule's lr", 1)[1]
@@ -181,13 +189,13 @@ def test_the_lr_rule(scores, diverged, chosen):
     assert brackets.choose_lr(scores, diverged) == chosen
 
 
-def test_an_lr_at_the_edge_extends_the_grid(monkeypatch):
+def test_an_lr_at_the_edge_extends_the_grid():
     assert [brackets.beyond(lr, up) for lr in (1e-3, 1e-2, 3e-3) for up in (False, True)] == \
         [3e-4, 3e-3, 3e-3, 3e-2, 1e-3, 1e-2]
-    monkeypatch.setattr(brackets, "EXTRA_LEARNING_RATES", {"J": (3e-2,)})
-    assert brackets.edge_extension("h", 1e-2) == 3e-2 and brackets.edge_extension("h", 1e-3) == 3e-4
-    assert brackets.edge_extension("h", 3e-3) is None
-    assert brackets.edge_extension("J", 1e-2) is None and brackets.edge_extension("J", 3e-2) == 1e-1
+    d = decided(extra_learning_rates={"J": (3e-2,)})
+    assert brackets.edge_extension("h", 1e-2, d) == 3e-2 and brackets.edge_extension("h", 1e-3, d) == 3e-4
+    assert brackets.edge_extension("h", 3e-3, d) is None
+    assert brackets.edge_extension("J", 1e-2, d) is None and brackets.edge_extension("J", 3e-2, d) == 1e-1
 
 
 MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
@@ -206,23 +214,24 @@ def _plant_stage_one(root, accuracy):
                           lr=lr, **CHOSEN_OPTIONS)
 
 
-def test_lr_section_applies_the_rule(tmp_path, monkeypatch):
-    monkeypatch.setattr(brackets, "EXTRA_LEARNING_RATES", {})
-    monkeypatch.setattr(brackets, "BEST_LR", {})
+def test_lr_section_applies_the_rule(tmp_path):
+    d = decided(extra_learning_rates={}, best_lr={})
     grid = {"softmax": {1e-3: 0.85, 3e-3: 0.88, 1e-2: 0.86}, "h": {1e-3: 0.80, 3e-3: 0.84, 1e-2: 0.87},
             "h+J": {1e-3: 0.80, 3e-3: (0.89, 0.6), 1e-2: 0.894}}
     _plant_stage_one(tmp_path, grid)
     res = Results(load_runs(tmp_path))
     assert study_of(res) is brackets
-    assert brackets.decide_learning_rates(res) == {"softmax": (3e-3, None), "h": (1e-2, 3e-2), "h+J": (3e-3, None)}
-    text = write_report(tmp_path, tmp_path / "rep").read_text()
+    assert brackets.decide_learning_rates(res, d) == {"softmax": (3e-3, None), "h": (1e-2, 3e-2),
+                                                      "h+J": (3e-3, None)}
+    text = write_report(tmp_path, tmp_path / "rep", d).read_text()
     assert "## Stage 1: each mode's learning rate" in text and "## Calibration" not in text
     assert "| softmax | **0.003** | 88.00 ± 1.00 (n=3) | 58.00 ± 1.00 (n=3) | 87.00, 88.00, 89.00 |" in text
     assert "| h+J | 0.01 | 89.40 ± 1.00 (n=3) | 59.40 ± 1.00 (n=3) |" in text  # 0.4 points ahead: tied
     assert "| h+J | **0.003** | 89.00 ± 1.00 (n=3) | 60.00 ± 1.00 (n=3) |" in text  # ... and more whole sequences
     assert "h: best at 0.01, the grid's edge, so the rule adds lr 0.03" in text
     assert "Not decided yet (runs missing): J, h+K, h+J+K." in text
-    assert "Chosen: softmax 0.003, h+J 0.003 (BEST_LR in studies/brackets.py differs for softmax, h+J" in text
+    assert ("Chosen: softmax 0.003, h+J 0.003 (BEST_LR in studies/brackets/decisions.json differs for softmax, h+J"
+            in text)
     assert "## Stage 2" not in text  # BEST_LR is empty
     assert "reproduces them" not in text and "differs from them" not in text  # no calibration archive beside
 
@@ -230,7 +239,7 @@ def test_lr_section_applies_the_rule(tmp_path, monkeypatch):
 def test_stage_one_says_whether_softmax_reproduces_the_calibration(tmp_path):
     _plant_stage_one(tmp_path / "results", {"softmax": {3e-3: 0.88}})
     calibration = tmp_path / "report" / "brackets-calibration"
-    setting = brackets.chosen_setting()
+    setting = brackets.chosen_setting(studies.load_decisions(brackets))
     for seed, acc in ((0, 0.87), (1, 0.88), (2, 0.8925)):  # seed 2 differs by 0.25 points
         m = brackets_metrics(acc)
         write_run(calibration, "brackets", 16, "softmax", seed, variant=setting.variant, val=m, test=m, lr=3e-3,
@@ -264,9 +273,8 @@ def _row(text, heading, start):
     return next(line for line in section.splitlines() if line.startswith(start)).split("|")[1:-1]
 
 
-def test_stage_two_report_on_planted_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(brackets, "BEST_LR", BEST)
-    monkeypatch.setattr(brackets, "EXTRA_LEARNING_RATES", {})
+def test_stage_two_report_on_planted_runs(tmp_path):
+    d = decided(best_lr=BEST, extra_learning_rates={})
     results = tmp_path / "results"
     _plant_stage_two(results)
     easy = tmp_path / "report" / "full"  # the old generator's runs, as report/full holds them
@@ -275,7 +283,7 @@ def test_stage_two_report_on_planted_runs(tmp_path, monkeypatch):
             write_run(easy, "brackets", 16, mode, seed, val=brackets_metrics(acc),
                       test=brackets_metrics(acc + 0.001 * seed), init="torch")
     write_archive(load_runs(easy), easy)
-    text = write_report(results, tmp_path / "report" / "brackets-hard").read_text()
+    text = write_report(results, tmp_path / "report" / "brackets-hard", d).read_text()
     row = [c.strip() for c in _row(text, "### With the FFN", "| 16 | h+J |")]
     assert row[:5] == ["16", "h+J", "0.003", "90.00 ± 1.58 (n=5)", "60.00 ± 1.58 (n=5)"]
     assert row[5] == row[6] == "+2.00 [+2.00, +2.00]**"          # against softmax, both metrics
@@ -297,7 +305,7 @@ def test_stage_two_report_on_planted_runs(tmp_path, monkeypatch):
     easy_row = [c.strip() for c in _row(text, "## The easy setting", "| easy (report/full) | yes | 16 |")]
     assert easy_row[3] == "99.10 ± 0.10 (n=3)" and easy_row[6] == "98.60 ± 0.10 (n=3)" and easy_row[-1] == \
         "-0.50 [-0.50, -0.50]**"
-    chosen = f"| {brackets.CHOSEN} (this study) | yes | 16 |"
+    chosen = f"| {d.chosen} (this study) | yes | 16 |"
     chosen_row = [c.strip() for c in _row(text, "## The easy setting", chosen)]
     assert chosen_row[3] == "88.00 ± 1.58 (n=5)" and chosen_row[-1] == "+2.00 [+2.00, +2.00]**"
     assert "| Brackets at T=16: h+J > softmax > h > J (test accuracy) | does not agree" in text

@@ -1,24 +1,31 @@
-"""The real-size study (issue 14 §4): its grids follow the design, its rules, and its report on planted runs."""
+"""The real-size study: its grids follow the design, its rules, and its report on planted runs."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from test_report import shakespeare_val, table_after, write_run
 
+from boltzmann_attention.experiments import studies
+from boltzmann_attention.experiments.recipes import NANOGPT
 from boltzmann_attention.experiments.results import Results, load_runs
-from boltzmann_attention.experiments.studies import profile, realsize, study_of, write_report
-from boltzmann_attention.experiments.studies.baselines import NANOGPT
+from boltzmann_attention.experiments.studies import realsize, study_of, write_report
 from boltzmann_attention.experiments.train import TrainConfig
 
 ARMS = [a.name for a in realsize.ARMS]
+RECORDED = studies.load_decisions(realsize)
 
 
-def _configs(monkeypatch, best=None, extra=None):
-    """The profile's runs under the given decisions (none by default, whatever studies/realsize.py holds)."""
-    monkeypatch.setattr(realsize, "BEST_LR", best or {})
-    monkeypatch.setattr(realsize, "EXTRA_LEARNING_RATES", extra or {})
+def decided(**changes) -> realsize.Decisions:
+    """The study's recorded decisions with ``changes``."""
+    return replace(RECORDED, **changes)
+
+
+def _configs(best=None, extra=None):
+    """The profile's runs under the given decisions (none by default, whatever decisions.json holds)."""
+    d = decided(best_lr=best or {}, extra_learning_rates=extra or {})
     unique = {}
-    for name, cfg in (run for g in profile("realsize") for run in g.runs()):
+    for name, cfg in (run for g in realsize.realsize_grids("learn-half-log-T", d) for run in g.runs()):
         assert unique.setdefault(name, cfg) == cfg  # a name listed twice (a reused run) is the same config
         cfg.validate()
     return list(unique.items())
@@ -29,8 +36,8 @@ def _arm_of(cfg: TrainConfig) -> str:
                 and all(getattr(cfg, k) == v for k, v in a.options))
 
 
-def test_stage_one_alone_until_the_learning_rates_are_decided(monkeypatch):
-    runs = _configs(monkeypatch)
+def test_stage_one_alone_until_the_learning_rates_are_decided():
+    runs = _configs()
     assert len(runs) == len(ARMS) * len(realsize.LEARNING_RATES)
     seen = {(_arm_of(cfg), cfg.lr) for _, cfg in runs}
     assert seen == {(arm, lr) for arm in ARMS for lr in (3e-4, 1e-3, 3e-3)}
@@ -47,10 +54,10 @@ def test_stage_one_alone_until_the_learning_rates_are_decided(monkeypatch):
     assert by_arm["h"].coupling_window is None and by_arm["softmax"].mode == "softmax"
 
 
-def test_stages_two_and_three_follow_the_design(monkeypatch):
+def test_stages_two_and_three_follow_the_design():
     best = {"softmax": 1e-3, "h": 3e-3, "window16": 1e-3, "meanfield8": 3e-4, "banded8": 1e-3}
-    stage_one = {name for name, _ in _configs(monkeypatch)}
-    runs = _configs(monkeypatch, best)
+    stage_one = {name for name, _ in _configs()}
+    runs = _configs(best)
     later = [(name, cfg) for name, cfg in runs if name not in stage_one]
     short = [(n, c) for n, c in later if c.T == 64]
     long = [(n, c) for n, c in later if c.T == 256]
@@ -62,14 +69,14 @@ def test_stages_two_and_three_follow_the_design(monkeypatch):
     assert len(reused) == len(ARMS) and set(reused) <= stage_one
     # stage 3: softmax, h and the fastest h+J arm at T = 256, three seeds, batch and steps as documented
     assert sorted((_arm_of(c), c.seed) for _, c in long) == sorted(
-        (a, s) for a in ("softmax", "h", realsize.FASTEST) for s in (0, 1, 2))
+        (a, s) for a in ("softmax", "h", RECORDED.fastest) for s in (0, 1, 2))
     for name, cfg in long:
         assert (cfg.batch_size, cfg.steps, cfg.eval_windows, cfg.lr) == (
             realsize.LONG_BATCH, realsize.LONG_STEPS, realsize.LONG_EVAL_WINDOWS, best[_arm_of(cfg)])
         assert name.endswith(f"-b{realsize.LONG_BATCH}-steps{realsize.LONG_STEPS}-s{cfg.seed}")
-    assert realsize.FASTEST in realsize.COUPLED and realsize.LONG_EVAL_WINDOWS * 256 == 2048 * 64
+    assert RECORDED.fastest in realsize.COUPLED and realsize.LONG_EVAL_WINDOWS * 256 == 2048 * 64
     # an arm without a decided lr has no later runs
-    partial = _configs(monkeypatch, {"softmax": 1e-3})
+    partial = _configs({"softmax": 1e-3})
     assert {_arm_of(c) for n, c in partial if n not in stage_one} == {"softmax"}
 
 
@@ -84,15 +91,15 @@ def test_the_lr_rule(losses, chosen):
     assert realsize.choose_lr(losses) == chosen
 
 
-def test_an_lr_at_the_edge_extends_the_grid(monkeypatch):
-    monkeypatch.setattr(realsize, "EXTRA_LEARNING_RATES", {})  # not the live decisions
-    assert realsize.edge_extension("h", 3e-3) == 1e-2
-    assert realsize.edge_extension("h", 3e-4) == 1e-4
-    assert realsize.edge_extension("h", 1e-3) is None
-    monkeypatch.setattr(realsize, "EXTRA_LEARNING_RATES", {"h": (1e-2,)})
-    assert realsize.edge_extension("h", 3e-3) is None and realsize.edge_extension("h", 1e-2) == 3e-2
-    assert realsize.arm_learning_rates("h") == (3e-4, 1e-3, 3e-3, 1e-2)
-    assert realsize.edge_extension("softmax", 3e-3) == 1e-2  # another arm keeps the grid
+def test_an_lr_at_the_edge_extends_the_grid():
+    d = decided(extra_learning_rates={})  # not the recorded decisions
+    assert realsize.edge_extension("h", 3e-3, d) == 1e-2
+    assert realsize.edge_extension("h", 3e-4, d) == 1e-4
+    assert realsize.edge_extension("h", 1e-3, d) is None
+    d = decided(extra_learning_rates={"h": (1e-2,)})
+    assert realsize.edge_extension("h", 3e-3, d) is None and realsize.edge_extension("h", 1e-2, d) == 3e-2
+    assert realsize.arm_learning_rates("h", d) == (3e-4, 1e-3, 3e-3, 1e-2)
+    assert realsize.edge_extension("softmax", 3e-3, d) == 1e-2  # another arm keeps the grid
 
 
 # --------------------------------------------------------------------------------------------- planted runs
@@ -137,16 +144,16 @@ def _plant_all(root, long=True):
             if seed or arm not in STAGE1:  # seed 0 of a stage-1 arm is its stage-1 run at the best lr
                 _plant(root, arm, BEST[arm], seed, _stage_two_loss(arm, seed))
     if long:
-        for arm in realsize.LONG_ARMS:
+        for arm in realsize.long_arms(RECORDED):
             for seed in (0, 1, 2):
                 _plant(root, arm, BEST[arm], seed, _stage_two_loss(arm, seed) - 0.2, T=256,
                        step_s=4 * STEP_S[arm], peak=2 * PEAK[arm])
 
 
-def test_the_recorded_extensions_add_their_runs(monkeypatch):
-    """The module's live EXTRA_LEARNING_RATES (stage 1's edge extensions so far) each add one run at seed 0."""
-    extra = dict(realsize.EXTRA_LEARNING_RATES)
-    names = {name for name, _ in _configs(monkeypatch, extra=extra)}
+def test_the_recorded_extensions_add_their_runs():
+    """The recorded EXTRA_LEARNING_RATES (stage 1's edge extensions) each add one run at seed 0."""
+    extra = dict(RECORDED.extra_learning_rates)
+    names = {name for name, _ in _configs(extra=extra)}
     for arm, lrs in extra.items():
         a = realsize.BY_NAME[arm]
         for lr in lrs:
@@ -154,14 +161,13 @@ def test_the_recorded_extensions_add_their_runs(monkeypatch):
     assert len(names) == len(ARMS) * len(realsize.LEARNING_RATES) + sum(map(len, extra.values()))
 
 
-def test_stage_one_report_applies_the_rule(tmp_path, monkeypatch):
-    monkeypatch.setattr(realsize, "EXTRA_LEARNING_RATES", {})
-    monkeypatch.setattr(realsize, "BEST_LR", {})
+def test_stage_one_report_applies_the_rule(tmp_path):
+    d = decided(extra_learning_rates={}, best_lr={})
     for arm, by_lr in STAGE1.items():
         for lr, loss in by_lr.items():
             _plant(tmp_path, arm, lr, 0, loss)
     _plant(tmp_path, "softmax", 1e-3, 1, 1.5, step_s=1.0)  # a stage-2 seed: in neither column of stage 1
-    text = write_report(tmp_path, tmp_path / "report").read_text()
+    text = write_report(tmp_path, tmp_path / "report", d).read_text()
     table = table_after(text, "## Stage 1: each arm's learning rate")
     assert len(table) == len(ARMS) - 1  # table_after keys rows by their first cell: one row per arm here
     lines = text.splitlines()
@@ -172,19 +178,18 @@ def test_stage_one_report_applies_the_rule(tmp_path, monkeypatch):
     assert row[("softmax", "**0.001**")].split("|")[4].strip() == "80"  # ms per step
     assert "Not decided yet (runs missing): banded8." in text
     assert "h: best at 0.003, the grid's edge, so the rule adds lr 0.01" in text
-    assert "Chosen: softmax 0.001, window16 0.001, meanfield8 0.001 (BEST_LR in studies/realsize.py differs " \
-           "for softmax, window16, meanfield8: update it)." in text
+    assert "Chosen: softmax 0.001, window16 0.001, meanfield8 0.001 (BEST_LR in studies/realsize/decisions.json " \
+           "differs for softmax, window16, meanfield8: update it)." in text
     assert "## Stage 2" not in text  # BEST_LR is empty
-    monkeypatch.setattr(realsize, "DIVERGED", {"banded8": (3e-4, 1e-3, 3e-3)})
-    text = write_report(tmp_path, tmp_path / "report").read_text()
+    diverged = replace(d, diverged={"banded8": (3e-4, 1e-3, 3e-3)})
+    text = write_report(tmp_path, tmp_path / "report", diverged).read_text()
     assert "banded8: every lr diverged." in text and "| banded8 | 0.001 | diverged |" in text
 
 
-def test_stage_two_and_three_report_pair_each_arm(tmp_path, monkeypatch):
+def test_stage_two_and_three_report_pair_each_arm(tmp_path):
     import statistics
 
-    monkeypatch.setattr(realsize, "BEST_LR", BEST)
-    monkeypatch.setattr(realsize, "EXTRA_LEARNING_RATES", {"h": (1e-2,)})
+    d = decided(best_lr=BEST, extra_learning_rates={"h": (1e-2,)})
     _plant_all(tmp_path)
     _plant(tmp_path, "h", 1e-2, 0, 1.95)
     path = tmp_path / "runs" / "shakespeare-T64-h+J-meanfield-rs-meanfield8-lr0.001-s1.json"
@@ -192,7 +197,7 @@ def test_stage_two_and_three_report_pair_each_arm(tmp_path, monkeypatch):
     result["convergence"] = {"unconverged_steps": 120, "steps": 2000, "unconverged_evaluations": 2,
                              "evaluations": 9, "first": "x", "last": "y"}
     path.write_text(json.dumps(result))
-    text = write_report(tmp_path, tmp_path / "report").read_text()
+    text = write_report(tmp_path, tmp_path / "report", d).read_text()
     assert ("- meanfield8: the marginals did not converge in 120 training steps and 2 evaluations, summed over 1 "
             "of its 3 runs") in text
     assert text.count("Convergence of the iterative solver") == 1  # stage 3 has no mean-field arm
@@ -216,9 +221,9 @@ def test_stage_two_and_three_report_pair_each_arm(tmp_path, monkeypatch):
     assert "- meanfield8 against h: **no measurable difference** (the interval contains 0)" in text
     assert "- banded8 against h: **J hurts**" in text
     long = table_after(text, "## Stage 3: T = 256, batch 12, 2000 steps, 512 validation windows")
-    assert list(long) == ["softmax", "h", realsize.FASTEST]
+    assert list(long) == ["softmax", "h", d.fastest]
     assert long["h"]["ms per step"] == f"{4000 * STEP_S['h']:.0f}" and long["h"]["peak RSS (MiB)"] == "960"
-    assert long[realsize.FASTEST]["what J adds: vs h, Δ mnats"].startswith("+30.00")
+    assert long[d.fastest]["what J adds: vs h, Δ mnats"].startswith("+30.00")
     # stage 1's extra lr for h is in its table; the report is this study's
     assert "| h | 0.01 | 1.9500 (n=1) |" in text
     assert text.count("What the couplings add") == 2

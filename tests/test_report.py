@@ -9,11 +9,11 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
+from boltzmann_attention.experiments.claims import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
 from boltzmann_attention.experiments.report import verdict
 from boltzmann_attention.experiments.results import load_runs
 from boltzmann_attention.experiments.stats import combine, fit_exponential
 from boltzmann_attention.experiments.studies import write_report
-from boltzmann_attention.experiments.studies.paper import PAPER_BRACKETS_ACCURACY, PAPER_SHAKESPEARE_RELATIVE
 from boltzmann_attention.experiments.train import TrainConfig
 
 SEEDS = (0, 1, 2)
@@ -503,10 +503,10 @@ def _inside(artist, fig):
 
 
 def test_single_window_plots_have_whole_titles_t_axes_legends_and_labelled_colour_bars(tmp_path):
+    from boltzmann_attention.experiments.claims import PAPER
     from boltzmann_attention.experiments.plots import plot_couplings, plot_distance, plot_metric
     from boltzmann_attention.experiments.report import TASK_METRICS, coupling_sets
     from boltzmann_attention.experiments.results import Results
-    from boltzmann_attention.experiments.studies.paper import PAPER
 
     for mode in ("softmax", "h+J"):
         write_run(tmp_path, "brackets", 8, mode, 0, val=brackets_metrics(0.9), test=brackets_metrics(0.9),
@@ -595,18 +595,23 @@ def test_holm_against_adjusted_p_values():
 # ------------------------------------------------------------------------------------------------ registry
 
 def test_the_study_registry():
-    """Every study module has the same three names; the CLI's profiles and reports come from the registry."""
+    """Every study folder has the same names; the CLI's profiles and reports come from the registry."""
     from pathlib import Path
 
     from boltzmann_attention.experiments import studies
     from boltzmann_attention.experiments.results import Results, _load_run
+    from boltzmann_attention.experiments.sweep import DEFAULT_FIELD_BIAS
 
-    assert studies.PROFILES == ("quick", "full", "fair", "sampling", "dqa-boltzmann", "baselines",
-                               "brackets-calibration", "brackets-hard", "realsize")
-    for study in studies.STUDIES:
+    assert studies.profiles() == ("quick", "full", "baselines", "brackets-calibration", "brackets-hard", "fair",
+                                  "realsize", "sampling", "dqa-boltzmann")
+    assert [studies.name(s) for s in studies.all_studies()] == ["paper", "baselines", "brackets", "fair",
+                                                                "realsize", "sampling"]
+    for study in studies.all_studies():
         assert callable(study.owns) and callable(study.report) and study.PROFILES
+        assert set(study.HELP) == set(study.PROFILES), studies.name(study)
         for name, grids in study.PROFILES.items():
-            assert all(g.runs() for g in grids(studies.DEFAULT_FIELD_BIAS)), name
+            assert all(g.runs() for g in grids(DEFAULT_FIELD_BIAS, studies.load_decisions(study))), name
+        assert studies.protocol(study).startswith("# "), studies.name(study)  # every study has its protocol
     with pytest.raises(ValueError, match="unknown profile 'huge'"):
         studies.profile("huge")
     with pytest.raises(ValueError, match="unknown field bias"):
@@ -623,6 +628,95 @@ def test_the_study_registry():
     assert studies.study_of(results("sampling-boltzmann-ste")) is studies.sampling
     assert studies.study_of(results("init-gpt2-lr0.01")) is studies.baselines
     assert studies.study_of(results("rs-window16-lr0.001")) is studies.realsize
+    assert studies.sets_own_init("baselines") and not studies.sets_own_init("full")
+
+
+def test_decisions_come_from_the_study_folder(tmp_path, monkeypatch):
+    """decisions.json is read into the study's Decisions (lists as tuples); an unknown key names the fields."""
+    from boltzmann_attention.experiments import studies
+    from boltzmann_attention.experiments.recipes import BEST_LR, CHOSEN_INIT
+
+    d = studies.load_decisions(studies.brackets)
+    assert d.chosen == "deep-long-300" and d.best_lr["h+J"] == 3e-4 and d.extra_learning_rates["J"] == (3e-2, 1e-1)
+    baselines = studies.load_decisions(studies.baselines)
+    assert (baselines.best_lr, baselines.chosen_init) == (BEST_LR, CHOSEN_INIT)  # the shared recipe is the record's
+    assert studies.load_decisions(studies.paper) is None  # a study without decisions
+    (tmp_path / "decisions.json").write_text('{"BEST_LR": {}, "BEST_LR_TYPO": 1}')
+    monkeypatch.setattr(studies, "folder", lambda study: tmp_path)
+    with pytest.raises(ValueError, match="unknown decisions \\['BEST_LR_TYPO'\\].*'BEST_LR'"):
+        studies.load_decisions(studies.realsize)
+
+
+def test_protocol_sections_split_at_level_two_headings():
+    from boltzmann_attention.experiments.report import protocol_sections
+
+    text = "# Title\n\nThe rules.\n    # an indented line stays\n\n## Stage 1\n\nFirst.\n\n## Decisions\n\n- x\n"
+    assert protocol_sections(text) == {"": "The rules.\n    # an indented line stays", "Stage 1": "First.",
+                                       "Decisions": "- x"}
+    assert protocol_sections("") == {"": ""}
+
+
+TOY_STUDY = '''"""A toy study: one profile, a report that quotes its protocol and decision."""
+
+from dataclasses import dataclass
+
+from boltzmann_attention.experiments.report import header_section, protocol_sections
+from boltzmann_attention.experiments.sweep import Grid
+
+READS = ("full",)
+
+
+@dataclass(frozen=True)
+class Decisions:
+    steps: int = 0
+
+
+def grids(field_bias, decisions):
+    return [Grid(("brackets",), (4,), modes=("softmax",), seeds=(0,), variant="toy",
+                 overrides={"steps": decisions.steps})]
+
+
+PROFILES = {"toy": grids}
+HELP = {"toy": "a toy study written by the test"}
+
+
+def owns(res):
+    return all(r.variant == "toy" for r in res.all_runs)
+
+
+def report(res, context):
+    return header_section(res, context.results_dir) + [
+        protocol_sections(context.protocol)[""], f"toy decided {context.decisions.steps} steps",
+        f"archive {context.archives['full'].parent.name}"]
+'''
+
+
+def test_a_new_study_is_its_folder_alone(tmp_path, monkeypatch, capsys):
+    """A study folder on the registry's search path is found by the registry and the command, grids, help,
+    report and all, with no edit anywhere else."""
+    from boltzmann_attention.experiments import cli, studies
+
+    folder = tmp_path / "toy"
+    folder.mkdir()
+    (folder / "__init__.py").write_text(TOY_STUDY)
+    (folder / "protocol.md").write_text("# Toy: protocol\n\nSoftmax alone, decided before any run.\n")
+    (folder / "decisions.json").write_text('{"STEPS": 7}')
+    monkeypatch.setattr(studies, "__path__", [*studies.__path__, str(tmp_path)])
+    monkeypatch.delitem(__import__("sys").modules, f"{studies.__name__}.toy", raising=False)
+
+    assert "toy" in studies.profiles() and "toy: a toy study written by the test" in studies.profile_help()
+    (run,) = [cfg for g in studies.profile("toy") for _, cfg in g.runs()]
+    assert (run.task, run.steps) == ("brackets", 7)
+    with pytest.raises(SystemExit):
+        cli.main(["reproduce", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "toy: a toy study written by the test" in shown and "dqa-boltzmann,toy}" in shown
+
+    write_run(tmp_path / "results", "brackets", 4, "softmax", 0, variant="toy", val=brackets_metrics(0.9),
+              test=brackets_metrics(0.9))
+    text = write_report(tmp_path / "results", tmp_path / "report" / "toy").read_text()
+    assert "Softmax alone, decided before any run." in text and "# Toy" not in text
+    assert "toy decided 7 steps" in text and "archive full" in text
 
 
 def test_importing_the_reports_loads_no_plotting_or_scipy():

@@ -17,7 +17,8 @@ import torch
 
 from boltzmann_attention.experiments import train as train_module
 from boltzmann_attention.experiments.model import Model, ModelConfig
-from boltzmann_attention.experiments.sweep import Grid, profile, run_name, sweep
+from boltzmann_attention.experiments.studies import profile
+from boltzmann_attention.experiments.sweep import Grid, run_name, sweep
 from boltzmann_attention.experiments.train import (
     TrainConfig,
     default_checkpoint,

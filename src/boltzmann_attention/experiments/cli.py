@@ -17,6 +17,7 @@ from pathlib import Path
 from .. import ising
 from ..attention import MODES
 from .model import INITS
+from .sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS
 from .train import COUPLINGS, TASKS, TrainConfig
 
 EXPERIMENTS_EXTRA = 'pip install -e ".[experiments]"'
@@ -158,18 +159,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     p_repro = sub.add_parser("reproduce", help="sweep and report for a profile of the paper's experiments",
                              description="Sweep a profile's grid, then write its report.")
-    p_repro.add_argument("--profile", choices=studies.PROFILES, default="quick",
-                         help="quick: a smoke test (one seed, short runs; its verdicts mean little); full: the "
-                              "paper's tables; fair: the fair-baselines study; sampling: models trained through "
-                              "DQA, PT and Gibbs against exact; baselines: the strong-baselines study; "
-                              "brackets-calibration: the bracket task's difficulty calibrated on softmax; "
-                              "brackets-hard: every mode on the chosen bracket setting, each at its own lr; "
-                              "realsize: softmax, h and h+J in nanoGPT's CPU configuration (default: %(default)s)")
-    p_repro.add_argument("--field-bias", choices=sorted(studies.FIELD_BIASES),
-                         default=studies.DEFAULT_FIELD_BIAS,
-                         help=f"field bias of the Boltzmann modes (default {studies.DEFAULT_FIELD_BIAS}, "
-                              f"chosen by the fair study; {studies.PAPER_FIELD_BIAS} is the paper's energy, "
-                              "which has no bias term)")
+    p_repro.add_argument("--profile", choices=studies.profiles(), default="quick",
+                         help=studies.profile_help().replace("%", "%%") + " (default: %(default)s)")
+    p_repro.add_argument("--field-bias", choices=sorted(FIELD_BIASES), default=DEFAULT_FIELD_BIAS,
+                         help=f"field bias of the Boltzmann modes (default {DEFAULT_FIELD_BIAS}, chosen by the fair "
+                              f"study; {PAPER_FIELD_BIAS} is the paper's energy, which has no bias term)")
     p_repro.add_argument("--init", choices=INITS,
                          help="the model's initialisation for every run (default: TrainConfig's, gpt2; 'torch' is "
                               "the recipe of the committed full, fair and sampling studies)")
@@ -235,12 +229,12 @@ def _dispatch(args) -> int:
     elif args.command == "reproduce":
         _require("matplotlib", "scipy")
         name = args.profile
-        if args.field_bias != studies.DEFAULT_FIELD_BIAS:
+        if args.field_bias != DEFAULT_FIELD_BIAS:
             name += f"-bias-{args.field_bias}"
         grids = studies.profile(args.profile, args.field_bias)
         if args.init is not None:
-            if args.profile == "baselines":
-                raise ValueError("the baselines profile compares the inits itself; drop --init")
+            if studies.sets_own_init(args.profile):
+                raise ValueError(f"the {args.profile} profile compares the inits itself; drop --init")
             grids = experiments.with_overrides(grids, init=args.init)
             name += f"-init-{args.init}"
         out = Path(args.out or f"results/{name}")
@@ -252,7 +246,7 @@ def _dispatch(args) -> int:
 
 
 def _write_report(results, out) -> Path:
-    """The report of the study that owns these results (the paper's by default)."""
+    """The report of the study that owns these results (the default study's when none does)."""
     from .studies import write_report
 
     return write_report(results, out)

@@ -1,4 +1,4 @@
-"""The sections every report shares, and :func:`write_report`.
+"""The sections every report shares, and what a study's report is handed (:class:`ReportContext`).
 
 A study's report (see ``studies/``) is a list of Markdown lines built from these sections and its own:
 
@@ -7,7 +7,9 @@ A study's report (see ``studies/``) is a list of Markdown lines built from these
   difference to softmax paired over seeds (and the paper's number next to it where given), a plot; for
   Shakespeare also a fit PPL(T) = a * exp(-b * T) + c per mode;
 * :func:`couplings_section`: the learned J (heatmaps, J against distance, its stability across seeds);
-* :func:`verdict`: a measured difference held against a claim (used by the paper's and the sampler study).
+* :func:`sampler_section`: models trained through a sampler against the same grid point trained exactly;
+* :func:`verdict`: a measured difference held against a claim (used by the paper's and the sampler study);
+* :func:`protocol_sections`: a study's ``protocol.md`` split at its headings, for the report to quote.
 
 Everything works on partial grids: a missing mode, T or seed leaves a blank cell or a "not measured".
 """
@@ -16,15 +18,16 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
 from .plots import plot_couplings, plot_distance, plot_fits, plot_metric
-from .results import BASELINE, INFO_KEYS, Group, Results, Run, load_runs, variant_rank
+from .results import BASELINE, INFO_KEYS, Group, Results, Run, load_runs, mode_rank, variant_rank
 from .stats import (
     ALPHA,
     Paired,
@@ -35,10 +38,21 @@ from .stats import (
     seed_correlation,
     stat,
 )
-from .tables import counted, duration, fmt_comparison, fmt_num, fmt_p, fmt_pm, fmt_stat, label, md_table, plural
+from .tables import (
+    counted,
+    duration,
+    fmt_comparison,
+    fmt_num,
+    fmt_p,
+    fmt_pm,
+    fmt_stat,
+    label,
+    md_table,
+    plural,
+)
 from .train import TrainConfig
 
-__all__ = ["Results", "Run", "header_section", "load_runs", "verdict", "write_report"]
+__all__ = ["ReportContext", "Results", "Run", "header_section", "load_runs", "protocol_sections", "verdict"]
 
 LEVEL_TOLERANCE = 0.25  # percent: "level with softmax" when fewer than 3 seeds allow no test
 MIN_TESTED = 3          # paired seeds needed before a claim is tested
@@ -52,11 +66,35 @@ TASK_METRICS = {
 }
 
 
-def write_report(results_dir: str | Path, out_dir: str | Path) -> Path:
-    """The report of the study the results belong to (see :func:`.studies.write_report`)."""
-    from .studies import write_report as write
+@dataclass(frozen=True)
+class ReportContext:
+    """What a study's report is handed besides the runs: where they came from, where the report goes, the
+    study's decisions and protocol text, and the archives of the other reports it reads (profile name ->
+    path of that report's ``runs.jsonl.gz`` beside ``out``, which need not exist)."""
 
-    return write(results_dir, out_dir)
+    results_dir: Path
+    out: Path
+    decisions: object = None
+    protocol: str = ""
+    archives: dict[str, Path] = field(default_factory=dict)
+
+
+def protocol_sections(text: str) -> dict[str, str]:
+    """A protocol's text by section: ``""`` the text before the first ``## `` heading (a leading ``# `` title
+    line left out), then each ``## `` heading's text under its title; every part stripped."""
+    lines = text.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    if first < len(lines) and lines[first].startswith("# "):
+        lines = lines[first + 1:]
+    sections, title, body = {}, "", []
+    for line in lines:
+        if line.startswith("## "):
+            sections[title] = "\n".join(body).strip()
+            title, body = line[3:].strip(), []
+        else:
+            body.append(line)
+    sections[title] = "\n".join(body).strip()
+    return sections
 
 
 # ---------------------------------------------------------------------------------------------------- header
@@ -247,14 +285,10 @@ def _variant_tables(res: Results, out: Path, task: str, table: Callable, noun: s
 
 # ------------------------------------------------------------------------------ sections inside other reports
 
-FULL_ARCHIVE = Path("full") / "runs.jsonl.gz"  # the full study's runs (the first recipe, the old generator)
-
-
-def full_study_runs(out: Path, keep: Callable[[Run], bool]) -> Results | None:
-    """The full study's runs that ``keep`` accepts, from its archive beside the report folder ``out``
-    (report/full next to report/<study>); None when the archive is not there."""
-    path = out.parent / FULL_ARCHIVE
-    return Results([r for r in load_runs(path) if keep(r)]) if path.exists() else None
+def archive_runs(path: Path | None, keep: Callable[[Run], bool]) -> Results | None:
+    """The runs of another report's archive (``ReportContext.archives``) that ``keep`` accepts; None when the
+    archive is not there."""
+    return Results([r for r in load_runs(path) if keep(r)]) if path is not None and path.exists() else None
 
 
 def demoted(lines: list[str]) -> list[str]:
@@ -262,11 +296,11 @@ def demoted(lines: list[str]) -> list[str]:
     return ["#" + x if x.startswith("#") else x for x in lines]
 
 
-def lr_decision_notes(names, decided: dict, best_lr: dict, module: str) -> str:
+def lr_decision_notes(names, decided: dict, best_lr: dict, where: str) -> str:
     """The line under a stage's learning-rate table: the names (modes, arms) not decided yet, those that
     diverged at every lr, those whose best lr is at the grid's edge (the rule adds the next lr), and the
-    choices, with a reminder where ``module``'s BEST_LR differs. ``decided``: name -> (the rule's lr or None,
-    the lr to add beyond the edge or None)."""
+    choices, with a reminder where the BEST_LR recorded in ``where`` differs. ``decided``: name -> (the rule's
+    lr or None, the lr to add beyond the edge or None)."""
     missing = [n for n in names if n not in decided]
     notes = [f"Not decided yet (runs missing): {', '.join(missing)}."] if missing else []
     for name, (chosen, extra) in decided.items():
@@ -279,14 +313,9 @@ def lr_decision_notes(names, decided: dict, best_lr: dict, module: str) -> str:
     if best:
         differs = [n for n, lr in best.items() if best_lr.get(n) != lr]
         notes.append("Chosen: " + ", ".join(f"{n} {lr:g}" for n, lr in best.items())
-                     + (f" (BEST_LR in {module} differs for {', '.join(differs)}: update it)" if differs else "")
+                     + (f" (BEST_LR in {where} differs for {', '.join(differs)}: update it)" if differs else "")
                      + ".")
     return " ".join(notes)
-
-
-def claims_beside(header: list[str], before: list, after: list) -> str:
-    """A table of two sets of the paper's claims (studies.paper.Claim), verdict beside verdict."""
-    return md_table(["claim", *header], [[b.title, a.summary, b.summary] for a, b in zip(before, after)])
 
 
 # ------------------------------------------------------------------------------------------ learned couplings
@@ -342,6 +371,69 @@ def couplings_section(res: Results, out: Path, modes: tuple[str, ...] = ("h+J",)
             "R² of J by distance: share of the variance of the off-diagonal J explained by |j - k| alone "
             "(per seed, averaged). Correlation between seeds: mean Pearson correlation of the off-diagonal J "
             "over pairs of seeds.", "", *lines]
+
+
+# ---------------------------------------------------------------------------------------------- samplers
+
+def _show(values: dict, scale: float) -> str:
+    return fmt_stat(stat(values.values()), scale=scale)
+
+
+def _paired(c: Paired | None, unit: str) -> str:
+    return fmt_comparison(c) + unit if c else ""
+
+
+def sampler_section(res: Results) -> list[str]:
+    """Models trained through a sampler (DQA, PT, Gibbs, ...) against the same grid point trained exactly,
+    and, where the runs were also evaluated with exact marginals, how the gap splits into training and
+    evaluation."""
+    rows, split_rows = [], []
+    for (task, variant, T, mode, method), g in sorted(res.groups.items(), key=lambda kv: (
+            kv[0][0] != "shakespeare", kv[0][0], kv[0][1], kv[0][2], mode_rank(kv[0][3]), kv[0][4])):
+        exact = res.get(task, variant, T, mode, "exact")
+        if method in ("exact", "reference") or exact is None or task not in TASK_METRICS:
+            continue
+        spec = TASK_METRICS[task]
+        unit = "%" if task == "shakespeare" else " pts"
+        scale = spec["scale"]
+        vals, ref = g.values(spec["metric"], spec["split"]), exact.values(spec["metric"], spec["split"])
+        base = res.baseline(task, variant, T, "exact")
+        base_vals = base.values(spec["metric"], spec["split"]) if base else {}
+        c = spec["diff"](ref, vals)  # positive: the sampler-trained model is better
+        options = json.dumps(next(iter(g.runs.values())).config.get("method_options") or {}, sort_keys=True)
+        rows.append([task, str(T), mode, method, f"`{options}`", _show(ref, scale), _show(vals, scale),
+                     fmt_comparison(spec["diff"](base_vals, ref)) if base_vals else "",
+                     fmt_comparison(spec["diff"](base_vals, vals)) if base_vals else "",
+                     _paired(c, unit), verdict(c, "level", unit.strip()).text,
+                     duration(statistics.mean(r.wall_time_s for r in g.runs.values()))])
+        exact_eval = g.values(spec["metric"], spec["split"] + "_exact")
+        if exact_eval:
+            trained = spec["diff"](ref, exact_eval)
+            split_rows.append([task, str(T), mode, method, _show(vals, scale), _show(exact_eval, scale),
+                               _show(ref, scale), _paired(trained, unit), verdict(trained, "level", unit.strip()).text,
+                               _paired(spec["diff"](exact_eval, vals), unit)])
+    if not rows:
+        return []
+    lines = ["## Trained through samplers", "",
+             "Each sampler-trained model against the same grid point (task, T, mode, seeds) trained with exact "
+             "marginals. Metric: validation perplexity (Shakespeare, all positions) or test accuracy (brackets), "
+             "mean ± std over seeds; 'vs softmax' is the Δ of the report's tables (% or points, positive = better "
+             "than softmax); 'sampler − exact' is paired over seeds (positive = the sampler-trained model is "
+             "better). Wall time: mean per run.", "",
+             md_table(["task", "T", "mode", "method", "options", "exact", "sampler", "exact vs softmax",
+                       "sampler vs softmax", "sampler − exact", "level with exact?", "time per run"], rows), ""]
+    if split_rows:
+        lines += ["### Training or evaluation?", "",
+                  "The sampler-trained weights evaluated twice: through their sampler (as above) and with exact "
+                  "marginals. 'training' compares the second with the exact-trained model; 'evaluation' compares "
+                  "the two evaluations of the same weights. The weights were fitted to their sampler's "
+                  "distribution, which for DQA is not the Boltzmann one, so exact marginals can be the worse "
+                  "evaluation: a large 'evaluation' difference means the model relies on what its sampler does, "
+                  "not that the sampler is noisy. Paired over seeds, positive = the first named is better.", "",
+                  md_table(["task", "T", "mode", "method", "sampler-trained, sampler eval",
+                            "sampler-trained, exact eval", "exact-trained", "training: exact eval − exact-trained",
+                            "level?", "evaluation: sampler eval − exact eval"], split_rows), ""]
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------- verdicts

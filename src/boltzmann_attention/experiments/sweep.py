@@ -4,7 +4,8 @@ A run is named by its grid point (``shakespeare-T8-h+J-exact-base-s0``). Its res
 ``<out>/runs/<name>.json`` and its checkpoint to ``<out>/checkpoints/<name>.pt``; a sweep skips runs whose
 result exists and resumes a killed run from its checkpoint, so nothing finished is lost.
 
-The grids of each study (the paper's profiles, the fair baselines, ...) live in ``studies/``.
+The grids of each study (the paper's profiles, the fair baselines, ...) live in ``studies/``; the command line
+resolves a profile's grids there and hands them to :func:`sweep`.
 """
 
 from __future__ import annotations
@@ -85,11 +86,12 @@ def with_field_bias(grids: list[Grid], field_bias: str) -> list[Grid]:
     return [replace(g, field_bias=field_bias) for g in grids]
 
 
-def profile(name: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
-    """The grids of a study's profile: :func:`.studies.profile` (kept here for older callers)."""
-    from .studies import profile as grids_of
-
-    return grids_of(name, field_bias)
+def beyond(lr: float, up: bool) -> float:
+    """The next learning rate half a decade beyond ``lr`` on the grid 1, 3, 10, 30, ... x 10^k (3e-2 above
+    1e-2, 3e-4 below 1e-3): where a study's rule extends an lr grid whose best is at its edge."""
+    k = round(2 * math.log10(lr)) + (1 if up else -1)
+    exponent, odd = divmod(k, 2)
+    return float(f"{3 if odd else 1}e{exponent}")
 
 
 def available_cores() -> int:

@@ -1,64 +1,153 @@
-"""The studies: one module per study, each owning its grids (profiles) and its report.
+"""The registry of studies: every folder here with an ``__init__.py`` is a study, found when it is asked for.
 
-    paper.py     the paper's tables and claims (profiles quick and full); the default report
-    fair.py      fair baselines: field-bias variants, convergence, sensitivity of J (profile fair)
-    sampling.py  models trained through DQA, PT and Gibbs against exact marginals (profile sampling), and
-                 through DQA in its Boltzmann regime, calibrated to exp(-E) (profile dqa-boltzmann)
-    baselines.py strong baselines: nanoGPT's init, per-mode learning rates, training length, the nanoGPT
-                 check (profile baselines)
-    brackets.py  bracket matching with headroom: the difficulty calibrated on softmax (profile
-                 brackets-calibration), and the mechanisms on the chosen setting (profile brackets-hard)
-    realsize.py  does J help in a real-size model: nanoGPT's CPU configuration, softmax, h and three h+J
-                 variants (coupled window, mean field, banded exact), T = 64 and 256 (profile realsize)
+A study folder ``<name>/`` holds
 
-A study module provides ``PROFILES`` ({profile name: grids(field_bias) -> list of Grid}), ``owns(results)``
-(whether a results folder is this study's) and ``report(results, results_dir, out) -> Markdown lines``.
-Adding a study is adding its module and a line in ``STUDIES``. The CLI uses only the names below.
+* ``__init__.py``: ``PROFILES`` ({profile name: grids(field_bias, decisions) -> list of Grid}), ``HELP``
+  ({profile name: one line for the command's help}), ``owns(results)`` (whether a results folder is this
+  study's, by the study's own rule), and ``report(results, context) -> Markdown lines`` (the context:
+  :class:`..report.ReportContext`). Optional: ``Decisions`` (a dataclass the folder's ``decisions.json`` is
+  read into, its keys the field names in capitals), ``READS`` (the profiles whose report archives the report
+  reads; the registry hands their paths), ``SETS_INIT`` (profiles whose grids choose the initialisation, so
+  ``reproduce --init`` is refused for them) and ``DEFAULT = True`` (the study whose report takes any results
+  folder no other study owns; exactly one).
+* ``protocol.md``: the rules written before the runs and the measurements behind each choice, dated; the
+  report quotes it (``context.protocol``).
+* ``decisions.json``: the decisions made from runs (best learning rates, lrs added, diverged runs, ...).
+
+Adding a study is adding its folder. A study imports only the layers below (``report``, ``claims``,
+``sweep``, ``recipes``, ...), never another study.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import json
+import pkgutil
 from pathlib import Path
+from types import ModuleType
 
+from ..report import ReportContext
 from ..results import Results, load_runs, write_archive
-from ..sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS, Grid, field_bias_config
-from . import baselines, brackets, fair, paper, realsize, sampling
+from ..sweep import DEFAULT_FIELD_BIAS, Grid, field_bias_config
 
-__all__ = ["DEFAULT_FIELD_BIAS", "FIELD_BIASES", "PAPER_FIELD_BIAS", "PROFILES", "STUDIES", "profile",
-           "study_of", "write_report"]
+__all__ = ["all_studies", "load_decisions", "profile", "profile_help", "profiles", "protocol", "sets_own_init",
+           "study_of", "study_of_profile", "write_report"]
 
-# In the order of the CLI's profiles. A results folder's report is that of the first study after the default
-# (paper) that owns it, else the default's.
-STUDIES = (paper, fair, sampling, baselines, brackets, realsize)
-DEFAULT_STUDY = paper
-
-PROFILES = tuple(name for study in STUDIES for name in study.PROFILES)
+PROTOCOL = "protocol.md"
+DECISIONS = "decisions.json"
+ARCHIVE = "runs.jsonl.gz"
 
 
-def profile(name: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
-    """The grids of profile ``name``; ``field_bias`` (a key of FIELD_BIASES) sets the field bias of the
-    Boltzmann modes (the fair study's bias comparison runs every variant whatever it is)."""
+def all_studies() -> list[ModuleType]:
+    """Every study package under this one (its search path included), the default study first, then by name."""
+    found = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)
+             if info.ispkg and not info.name.startswith("_")]
+    defaults = [s for s in found if getattr(s, "DEFAULT", False)]
+    if len(defaults) != 1:
+        raise RuntimeError(f"exactly one study must set DEFAULT = True, found {[name(s) for s in defaults]}")
+    return defaults + sorted((s for s in found if s not in defaults), key=name)
+
+
+def name(study: ModuleType) -> str:
+    return study.__name__.rsplit(".", 1)[1]
+
+
+def folder(study: ModuleType) -> Path:
+    return Path(study.__file__).parent
+
+
+def profiles() -> tuple[str, ...]:
+    """Every profile of every study, in the order of :func:`all_studies`."""
+    return tuple(p for study in all_studies() for p in study.PROFILES)
+
+
+def study_of_profile(profile_name: str) -> ModuleType:
+    for study in all_studies():
+        if profile_name in study.PROFILES:
+            return study
+    raise ValueError(f"unknown profile {profile_name!r}; choose one of {profiles()}")
+
+
+def profile_help() -> str:
+    """The command's help on --profile: each profile's line, from its study."""
+    return "; ".join(f"{p}: {study.HELP[p]}" for study in all_studies() for p in study.PROFILES)
+
+
+def sets_own_init(profile_name: str) -> bool:
+    """Whether the profile's grids choose the initialisation themselves (``reproduce --init`` is refused)."""
+    return profile_name in getattr(study_of_profile(profile_name), "SETS_INIT", ())
+
+
+def _frozen(value):
+    """JSON lists as tuples, recursively, so that decisions compare and hash like the values they replace."""
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _frozen(v) for k, v in value.items()}
+    return value
+
+
+def load_decisions(study: ModuleType):
+    """The study's ``decisions.json`` read into its ``Decisions`` (None for a study without one); a key that
+    is not a field is an error naming the fields."""
+    kind = getattr(study, "Decisions", None)
+    if kind is None:
+        return None
+    path = folder(study) / DECISIONS
+    data = json.loads(path.read_text()) if path.exists() else {}
+    known = {f.name for f in dataclasses.fields(kind)}
+    unknown = [k for k in data if k.lower() not in known]
+    if unknown:
+        raise ValueError(f"{path}: unknown decisions {unknown}; the fields are {sorted(k.upper() for k in known)}")
+    return kind(**{k.lower(): _frozen(v) for k, v in data.items()})
+
+
+def protocol(study: ModuleType) -> str:
+    """The text of the study's ``protocol.md`` ("" when it has none)."""
+    path = folder(study) / PROTOCOL
+    return path.read_text() if path.exists() else ""
+
+
+def profile(profile_name: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
+    """The grids of profile ``profile_name`` under its study's decisions; ``field_bias`` (a key of FIELD_BIASES) sets
+    the field bias of the Boltzmann modes (the fair study's bias comparison runs every variant whatever it is)."""
     field_bias_config(field_bias, 2)  # validates the name
-    for study in STUDIES:
-        if name in study.PROFILES:
-            return study.PROFILES[name](field_bias)
-    raise ValueError(f"unknown profile {name!r}; choose one of {PROFILES}")
+    study = study_of_profile(profile_name)
+    return study.PROFILES[profile_name](field_bias, load_decisions(study))
 
 
-def study_of(res: Results):
-    """The study module whose report fits these results."""
-    return next((s for s in STUDIES if s is not DEFAULT_STUDY and s.owns(res)), DEFAULT_STUDY)
+def study_of(res: Results) -> ModuleType:
+    """The study whose report fits these results: the first other than the default that owns them, else the
+    default."""
+    default, *others = all_studies()
+    return next((s for s in others if s.owns(res)), default)
 
 
-def write_report(results_dir: str | Path, out_dir: str | Path) -> Path:
+def context(study: ModuleType, results_dir: Path, out: Path, decisions=None) -> ReportContext:
+    """What ``study``'s report is handed: its decisions (``decisions``, else its folder's) and protocol, and
+    the paths of the archives it reads (each profile's report folder beside ``out``)."""
+    known = profiles()
+    reads = getattr(study, "READS", ())
+    unknown = [p for p in reads if p not in known]
+    if unknown:
+        raise ValueError(f"study {name(study)!r} reads the archives of unknown profiles {unknown}; known: {known}")
+    return ReportContext(results_dir, out, load_decisions(study) if decisions is None else decisions, protocol(study),
+                         {p: out.parent / p / ARCHIVE for p in reads})
+
+
+def write_report(results_dir: str | Path, out_dir: str | Path, decisions=None) -> Path:
     """Write ``out_dir/README.md``, its PNGs and ``runs.jsonl.gz`` (the data behind them, small enough to
-    commit) from ``results_dir/runs/*.json`` or from such an archive; returns the README's path."""
+    commit) from ``results_dir/runs/*.json`` or from such an archive; returns the README's path. The report
+    applies the owning study's decisions from its folder, or ``decisions`` when given (e.g. to see a report
+    under other decisions)."""
     results_dir, out = Path(results_dir), Path(out_dir)
     runs = load_runs(results_dir)
     res = Results(runs)
     out.mkdir(parents=True, exist_ok=True)
     write_archive(runs, out)  # after loading: the source may be this file
-    lines = study_of(res).report(res, results_dir, out)
+    study = study_of(res)
+    lines = study.report(res, context(study, results_dir, out, decisions))
     path = out / "README.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path

@@ -1,119 +1,47 @@
-"""Bracket matching with headroom (issue 16): a bracket task hard enough to rank the mechanisms. Profiles
-``brackets-calibration`` (the difficulty, calibrated on softmax) and ``brackets-hard`` (the mechanisms on the
-chosen setting), and their report.
+"""Bracket matching with headroom: a bracket task hard enough to rank the mechanisms. Profiles
+``brackets-calibration`` (the difficulty, calibrated on softmax over the ladder ``SETTINGS``) and
+``brackets-hard`` (the mechanisms on the chosen setting, in three stages: each mode's learning rate, the grid,
+and the lr without the FFN), and their report.
 
-On the old generator every mode but J-only reaches 98.9-100% test accuracy at every T <= 16 (softmax 99.46%
-at T = 16, the paper's 93.08%), and uniform attention 99.97% at T = 12, so the bracket claims cannot be
-tested there. The difficulty is now a set of options of the task (``TrainConfig`` fields ``train_sequences``,
-``min_fill``/``max_fill`` (the word's length, and so the filler density), ``open_probability`` (the nesting
-depth) and ``deduplicate``; see ``experiments.data.generate_brackets``), the old generator being their
-defaults.
-
-Calibration (this profile): softmax alone, with the FFN, at T = 16, 3 seeds, over the ladder of settings
-`SETTINGS` below, each a priori harder than the one before it. Recipe: the strong-baselines study's (init
-gpt2, the default; lr 3e-3, softmax's best on Shakespeare), 4000 steps at batch 64 as every bracket study so
-far. The rule, fixed before any of these runs: **the chosen setting is the one whose softmax mean test
-accuracy (over closing brackets) lies in [85%, 95%] and is closest to 90%** (a tie goes to the earlier
-setting of the ladder, the smaller change from the old task). If no setting lies in the band the report says
-so and names the two neighbours of 90%, and a setting between them is to be added to the ladder. Only
-softmax runs before the choice, so the choice cannot favour any other mode.
-
-The ladder's first stage (the first seven settings) left softmax's mean at 98.9-100% at every setting
-(96.8% the lowest seed; 99.0% on the old task, 99.98% with deeper nesting and longer words, 99.8% even with
-2000 training sequences, the only axis with a visible effect), so no setting was in the band and none below
-it. The second stage, added
-before any of its runs, goes on along that axis: the deep-long words with 1000, 500, 250 and 125 training
-sequences (4000 steps of 64 see them 256 to 2048 times each).
-
-The second stage left no setting in the band either: 500 sequences gave 97.56% (97.10-98.23 over seeds) and
-250 gave 84.99% (81.26-89.98), just below it. As the rule says, settings between the two neighbours were
-added, before any of their runs: 400, 350 and 300 training sequences (the third stage). Of these, 350
-(92.39%) and 300 (88.79%) lie in the band, so the rule chose **deep-long-300**: deep-long (open probability
-0.75, words of 50-87.5% of the longest, validation and test de-duplicated) with 300 training sequences. What
-makes it hard is generalising from few sequences, not the structure of the words, and softmax's seeds spread
-over 85.6-92.2% there: the experiments' 5 paired seeds are needed.
-
-Experiments on the chosen setting (profile ``brackets-hard``): modes softmax, h, J, h+J, h+K and h+J+K on
-CHOSEN, with the FFN and without it (``d_ff = 0``), 4000 steps at batch 64, init gpt2, fused AdamW and every
-other setting as in the calibration; seeds paired across modes (a seed fixes the initialisation, the data
-sets and the data order of every mode). The chosen setting keeps its 300 training sequences at every T (seed
-0's validation sequences found in them before de-duplication: 1.6% at T = 8, 0.15% at T = 12, none at 16 and
-20). Three stages, the first two decided by rules written here before any of their runs, the third post hoc:
-
-1. Each mode's learning rate: every lr of `LEARNING_RATES` (1e-3, 3e-3, 1e-2) at T = 16 with the FFN, seeds
-   0, 1, 2. Rule: per mode, the lr with the highest mean *validation* accuracy over closing brackets (over
-   the 3 seeds); lrs within `NEAR_TIE` (0.5 points) of the best count as tied, and of these the one with the
-   highest mean validation per-sequence accuracy wins (then the smaller lr). Half a point is about 1.6
-   binomial standard errors of one validation set's accuracy (10 978 closing brackets at T = 16, seed 0;
-   0.30 points at 89%), below which two lrs are not told apart by the set itself. The validation loss is not
-   the tie-break: at 300 training sequences it measures overconfidence more than matching (softmax's
-   calibration runs: validation loss rising from 0.88 to 1.37 while its accuracy rose from 80.6 to 85.8%).
-   A best lr at the grid's edge (its smallest or largest, counting lrs already added) adds the next lr
-   beyond it, half a decade on (3e-4 below, 3e-2 above), in `EXTRA_LEARNING_RATES`, until the best is
-   inside; a mode that diverges at an lr (the sweep names the failed run; the lr goes into `DIVERGED`)
-   loses at that lr. The decision goes into `BEST_LR`, with the measurement in the report; the test set
-   plays no part in it. The lr chosen at T = 16 with the FFN is used at every T and without the FFN (an lr
-   grid per T and FFN setting would cost several times this stage). Should softmax's best lr not be the
-   calibration's 3e-3, its accuracy on CHOSEN may leave the calibration's band; the setting stays (choosing
-   it again on these runs would choose on the experiments themselves). Softmax at 3e-3, seeds 0-2, has the
-   calibration's config: the report says whether it reproduces the calibration's runs.
-2. The grid: T = 16, 12 and 8 (in that order: the paper's T first), with and without the FFN, the six modes,
-   seeds 0-4, each mode at its `BEST_LR`; then T = 20 for softmax, h, J and h+J (below). Runs go seed by
-   seed within a T (both FFN settings of a seed before the next seed), so that paired comparisons complete
-   early; at T = 16 with the FFN, seeds 0-2 at the chosen lr are stage 1's runs (the same names). No run of
-   this stage is listed until its mode's lr is in `BEST_LR`.
-3. Post hoc, added on 2026-12-01 after stage 2's results were seen: without the FFN softmax led every
-   sigmoid mode at T = 16 (h by 6.7 points), the reverse of the FFN's ranking, at lrs chosen with the FFN.
-   The question is whether that is the lr: softmax, h, J and h+J without the FFN at T = 16, seeds 0-2, at
-   their `BEST_LR` and half a decade either side, then, as in stage 1, the next lr beyond a best at an edge
-   (`NOFFN_CHECK_EXTRA`; three extensions for h+J; 45 runs in all, 17 min with ``--jobs 2``). Stage 1's rule
-   on validation accuracy. The report gives the rule's choice and the test
-   accuracy there (3 seeds) against softmax at its choice. It is a check of stage 2's lr; stage 2's results
-   stand as they were planned, whatever it finds.
-
-The report: stage 1's table with the rule applied; per FFN setting, per T, each mode's test accuracy over
-closing brackets and its per-sequence accuracy (every closing bracket of the sequence right), the difference
-to softmax and to the mode without the coupling (h+J and h+K against h, h+J+K against h+J), paired over seeds
-with 95% intervals and Holm marks; the paper's bracket claims one by one on this setting (``paper.py``'s claim
-functions on the runs relabelled as variants ``base`` and ``noffn``); and the easy setting, the old generator
-(``report/full``'s runs, init torch, every mode at lr 3e-3, 3 seeds), beside it.
-
-Cost, from step times measured with 20-40 steps per mode at 11:30-11:33 UTC on 2026-12-01 (one thread, on
-the 2-core machine while two other training processes used both cores; mean of 2-5 measurements, with and
-without the FFN pooled since they differed by less than the noise; softmax at T = 16: 12.2 ms against 11.2 ms,
-the median of the calibration's 42 runs), in ms per step:
-
-    T     softmax     h      J    h+J    h+K  h+J+K   one seed, one FFN setting (4000 steps)
-    8        7.8    7.8    8.9   14.1   17.7   18.7   300 s
-    12      11.2   10.8   12.7   18.7   26.7   28.2   433 s
-    16      12.2   12.0   18.2   31.0   46.0   52.2   686 s
-    20      14.7   14.9   49.2   94.6  175.6  166.5   2062 s (softmax, h, J, h+J: 694 s)
-
-The six evaluations of a run (0.1-1 s each) add under 2%. Stage 1: 9 x 686 s = 1.7 h of one core; each lr
-added at the edge: 3 runs of one mode, up to 10 min. Stage 2 at T = 8-16: 10 x (300 + 433 + 686) s less
-stage 1's 3 x 686 s = 3.4 h. T = 20: its budget, fixed here, is 2 h of one core; softmax, h, J and h+J with
-5 seeds and both FFN settings take 10 x 694 s = 1.9 h and fit, h+K and h+J+K would add 3.8 h (exact's
-enumeration with three-body couplings at 20 spins) and do not, so T = 20 has the paper's four modes and no
-three-body modes (their claim is at T >= 12, tested at 12 and 16); cutting seeds instead (3 seeds of all six:
-3.4 h) would weaken every pair. Total: about 7.0 h of one core, 3.5 h with ``--jobs 2`` on an otherwise idle
-machine; T = 20 runs last and can be stopped without losing anything before it.
+The difficulty is a set of options of the task (``TrainConfig`` fields ``train_sequences``,
+``min_fill``/``max_fill``, ``open_probability`` and ``deduplicate``; see ``experiments.data.generate_brackets``),
+the old generator being their defaults. The rules of each stage and the measurements behind each choice are in
+``protocol.md`` (the report quotes it); the decisions made from runs (the chosen setting, the lrs added beyond
+a grid's edge, diverged lrs, each mode's best lr) in ``decisions.json``, handed to the grids and the report as
+:class:`Decisions`.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
-from ..data import CLOSE, BracketData, depths
-from ..plots import figure, finish
-from ..report import FULL_ARCHIVE, claims_beside, demoted, full_study_runs, header_section, lr_decision_notes
-from ..results import Group, Results, load_runs
-from ..stats import paired, points, stat
-from ..sweep import Grid, with_field_bias
-from ..tables import fmt_num, md_table, table_with_holm
+from ...claims import (
+    BRACKET_CLAIMS,
+    agreement_section,
+    claim_brackets_order,
+    claim_j_structure,
+    claim_noffn_gap,
+    claim_three_body,
+    claims_beside,
+)
+from ...data import CLOSE, BracketData, depths
+from ...plots import figure, finish
+from ...report import (
+    ReportContext,
+    archive_runs,
+    demoted,
+    header_section,
+    lr_decision_notes,
+    protocol_sections,
+)
+from ...results import Group, Results, load_runs
+from ...stats import paired, points, stat
+from ...sweep import Grid, beyond, with_field_bias
+from ...tables import fmt_num, md_table, table_with_holm
 
 PREFIX = "cal-"  # the variants of the calibration runs
 CALIBRATION_T = 16
@@ -121,7 +49,6 @@ CALIBRATION_SEEDS = (0, 1, 2)
 CALIBRATION_LR = 3e-3  # softmax's best lr (strong-baselines study, Shakespeare T = 8 and 12)
 BAND = (0.85, 0.95)    # the rule: softmax's mean test accuracy in this band ...
 TARGET = 0.90          # ... and the closest to this
-CHOSEN = "deep-long-300"  # the setting the rule chose (the calibration's report: 88.79%, 3 seeds)
 
 
 @dataclass(frozen=True)
@@ -160,13 +87,13 @@ SETTINGS = (
     Setting("deeper-long", "deep-long with open probability 0.9", _DEDUP + (("open_probability", 0.9),) + _LONG),
     Setting("deep-long-5k", "deep-long with 5000 training sequences", _DEEP_LONG + (("train_sequences", 5000),)),
     Setting("deep-long-2k", "deep-long with 2000 training sequences", _DEEP_LONG + (("train_sequences", 2000),)),
-) + tuple(  # the second stage (see the docstring)
+) + tuple(  # the second stage (protocol.md)
     Setting(f"deep-long-{n}", f"deep-long with {n} training sequences", _DEEP_LONG + (("train_sequences", n),))
     for n in (1000, 500, 400, 350, 300, 250, 125))  # 400, 350 and 300: the third stage
 BY_VARIANT = {s.variant: s for s in SETTINGS}
 
 
-def calibration_grids(field_bias: str) -> list[Grid]:
+def calibration_grids(field_bias: str, d: Decisions | None = None) -> list[Grid]:
     """Softmax at T = 16 with the FFN, one grid per setting in the ladder's order, seed by seed within each.
     ``field_bias`` does not apply (softmax has no field bias)."""
     return [Grid(("brackets",), (CALIBRATION_T,), modes=("softmax",), seeds=(seed,), variant=s.variant,
@@ -185,32 +112,31 @@ NEAR_TIE = 0.005  # stage 1's rule: validation accuracies this close to the best
 SEEDS = (0, 1, 2, 3, 4)
 GRID_TS = (16, 12, 8)  # in the order they run
 LONG_T = 20
-LONG_MODES = ("softmax", "h", "J", "h+J")  # what T = 20's budget affords (see the docstring)
+LONG_MODES = ("softmax", "h", "J", "h+J")  # what T = 20's budget affords (protocol.md)
 FFN_SETTINGS = (True, False)  # with the FFN (d_ff 128), without it (d_ff 0)
 # ABLATION[mode]: the same mode without its last coupling, the comparison that says what that coupling adds.
 ABLATION = {"h+J": "h", "h+K": "h", "h+J+K": "h+J"}
 NOFFN_CHECK_MODES = ("softmax", "h", "J", "h+J")  # stage 3 (post hoc): the lr check without the FFN
-# Stage 3's first 24 runs (7.5 min, --jobs 2) put every mode's best at an edge of its three lrs, so, as in
-# stage 1, the next lr beyond that edge is added, each extension decided before its runs: 3e-2 for softmax,
-# 3e-3 for h, J, h+J (12 runs, 4 min); h and h+J best at 3e-3, the new edge, again: 1e-2 for both (6 runs,
-# 2.3 min); h+J best at 1e-2, the edge once more: 3e-2.
-NOFFN_CHECK_EXTRA: dict[str, tuple[float, ...]] = {"softmax": (3e-2,), "h": (3e-3, 1e-2), "J": (3e-3,),
-                                                   "h+J": (3e-3, 1e-2, 3e-2)}
-
-# The decisions of stage 1 (the report has the measurement behind each), 2026-12-01, --jobs 2:
-# - the grid's 54 runs (34 min): softmax best at 3e-3, inside the grid (decided); h, h+J, h+K, h+J+K best at
-#   1e-3 and J at 1e-2, the grid's edges, so the rule adds 3e-4 and 3e-2;
-# - those 15 runs (about 10 min): the best at the new edge again, so the rule adds 1e-4 and 1e-1;
-# - those 15 runs (about 10 min): every best inside its lrs (h, h+J, h+K, h+J+K 3e-4; J 3e-2): decided.
-EXTRA_LEARNING_RATES: dict[str, tuple[float, ...]] = {  # mode -> lrs added beyond the grid's edge
-    "h": (3e-4, 1e-4), "J": (3e-2, 1e-1), "h+J": (3e-4, 1e-4), "h+K": (3e-4, 1e-4), "h+J+K": (3e-4, 1e-4)}
-DIVERGED: dict[str, tuple[float, ...]] = {}  # mode -> lrs at which a stage-1 run diverged
-BEST_LR: dict[str, float] = {  # mode -> lr
-    "softmax": 3e-3, "h": 3e-4, "J": 3e-2, "h+J": 3e-4, "h+K": 3e-4, "h+J+K": 3e-4}
 
 
-def chosen_setting() -> Setting:
-    return next(s for s in SETTINGS if s.name == CHOSEN)
+@dataclass(frozen=True)
+class Decisions:
+    """The decisions made from runs (``decisions.json``; the measurement behind each: the report and
+    ``protocol.md``)."""
+
+    chosen: str = ""  # the calibration's chosen setting
+    extra_learning_rates: dict[str, tuple[float, ...]] = field(default_factory=dict)  # stage 1: mode -> lrs added
+    diverged: dict[str, tuple[float, ...]] = field(default_factory=dict)  # stage 1: mode -> lrs that diverged
+    best_lr: dict[str, float] = field(default_factory=dict)  # stage 1: mode -> lr
+    noffn_check_extra: dict[str, tuple[float, ...]] = field(default_factory=dict)  # stage 3: mode -> lrs added
+
+
+FULL, CALIBRATION = "full", "brackets-calibration"  # the profiles whose report archives the report reads
+READS = (FULL, CALIBRATION)
+
+
+def chosen_setting(d: Decisions) -> Setting:
+    return next(s for s in SETTINGS if s.name == d.chosen)
 
 
 def hard_variant(lr: float, ffn: bool = True) -> str:
@@ -218,53 +144,56 @@ def hard_variant(lr: float, ffn: bool = True) -> str:
     return f"{HARD_PREFIX}{'' if ffn else 'noffn-'}lr{lr:g}"
 
 
-def _hard_grid(T: int, mode: str, seed: int, lr: float, ffn: bool = True) -> Grid:
-    overrides = {"lr": lr, **chosen_setting().overrides, **({} if ffn else {"d_ff": 0})}
+def _hard_grid(d: Decisions, T: int, mode: str, seed: int, lr: float, ffn: bool = True) -> Grid:
+    overrides = {"lr": lr, **chosen_setting(d).overrides, **({} if ffn else {"d_ff": 0})}
     return Grid(("brackets",), (T,), modes=(mode,), seeds=(seed,), variant=hard_variant(lr, ffn),
                 overrides=overrides)
 
 
-def mode_learning_rates(mode: str) -> tuple[float, ...]:
+def mode_learning_rates(mode: str, d: Decisions) -> tuple[float, ...]:
     """Stage 1's lrs for ``mode``: the grid and those added beyond its edge, in increasing order."""
-    return tuple(sorted(set(LEARNING_RATES) | set(EXTRA_LEARNING_RATES.get(mode, ()))))
+    return tuple(sorted(set(LEARNING_RATES) | set(d.extra_learning_rates.get(mode, ()))))
 
 
-def learning_rate_grids() -> list[Grid]:
+def learning_rate_grids(d: Decisions) -> list[Grid]:
     """Stage 1, seed by seed: every mode at every lr at T = 16 with the FFN."""
-    grids = [_hard_grid(LR_T, mode, seed, lr) for seed in LR_SEEDS for lr in LEARNING_RATES for mode in MODES]
-    return grids + [_hard_grid(LR_T, mode, seed, lr) for seed in LR_SEEDS for mode in MODES
-                    for lr in EXTRA_LEARNING_RATES.get(mode, ())]
+    grids = [_hard_grid(d, LR_T, mode, seed, lr) for seed in LR_SEEDS for lr in LEARNING_RATES for mode in MODES]
+    return grids + [_hard_grid(d, LR_T, mode, seed, lr) for seed in LR_SEEDS for mode in MODES
+                    for lr in d.extra_learning_rates.get(mode, ())]
 
 
-def experiment_grids() -> list[Grid]:
+def experiment_grids(d: Decisions) -> list[Grid]:
     """Stage 2, seed by seed within each T (both FFN settings of a seed before the next), only the modes
     whose lr is decided (in BEST_LR)."""
-    grids = [_hard_grid(T, mode, seed, BEST_LR[mode], ffn) for T in GRID_TS for seed in SEEDS
-             for ffn in FFN_SETTINGS for mode in MODES if mode in BEST_LR]
-    return grids + [_hard_grid(LONG_T, mode, seed, BEST_LR[mode], ffn) for seed in SEEDS for ffn in FFN_SETTINGS
-                    for mode in LONG_MODES if mode in BEST_LR]
+    best = d.best_lr
+    grids = [_hard_grid(d, T, mode, seed, best[mode], ffn) for T in GRID_TS for seed in SEEDS
+             for ffn in FFN_SETTINGS for mode in MODES if mode in best]
+    return grids + [_hard_grid(d, LONG_T, mode, seed, best[mode], ffn) for seed in SEEDS for ffn in FFN_SETTINGS
+                    for mode in LONG_MODES if mode in best]
 
 
-def noffn_check_lrs(mode: str) -> tuple[float, ...]:
+def noffn_check_lrs(mode: str, d: Decisions) -> tuple[float, ...]:
     """Stage 3's lrs for ``mode``: its BEST_LR, the lr half a decade on either side and those in
     NOFFN_CHECK_EXTRA, in increasing order."""
-    lr = BEST_LR[mode]
-    return tuple(sorted({beyond(lr, up=False), lr, beyond(lr, up=True), *NOFFN_CHECK_EXTRA.get(mode, ())}))
+    lr = d.best_lr[mode]
+    return tuple(sorted({beyond(lr, up=False), lr, beyond(lr, up=True), *d.noffn_check_extra.get(mode, ())}))
 
 
-def noffn_check_grids() -> list[Grid]:
+def noffn_check_grids(d: Decisions) -> list[Grid]:
     """Stage 3 (post hoc), seed by seed: NOFFN_CHECK_MODES without the FFN at T = 16 at noffn_check_lrs (the
     runs at BEST_LR are stage 2's)."""
-    return [_hard_grid(LR_T, mode, seed, lr, ffn=False) for seed in LR_SEEDS for mode in NOFFN_CHECK_MODES
-            if mode in BEST_LR for lr in noffn_check_lrs(mode)]
+    return [_hard_grid(d, LR_T, mode, seed, lr, ffn=False) for seed in LR_SEEDS for mode in NOFFN_CHECK_MODES
+            if mode in d.best_lr for lr in noffn_check_lrs(mode, d)]
 
 
-def hard_grids(field_bias: str) -> list[Grid]:
-    """The three stages (see the docstring); ``field_bias`` sets the Boltzmann modes' field bias."""
-    return with_field_bias(learning_rate_grids() + experiment_grids() + noffn_check_grids(), field_bias)
+def hard_grids(field_bias: str, d: Decisions) -> list[Grid]:
+    """The three stages (protocol.md); ``field_bias`` sets the Boltzmann modes' field bias."""
+    return with_field_bias(learning_rate_grids(d) + experiment_grids(d) + noffn_check_grids(d), field_bias)
 
 
 PROFILES = {"brackets-calibration": calibration_grids, "brackets-hard": hard_grids}
+HELP = {"brackets-calibration": "the bracket task's difficulty calibrated on softmax",
+        "brackets-hard": "every mode on the chosen bracket setting, each at its own lr"}
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -282,17 +211,15 @@ def owns(res: Results) -> bool:
     return bool(res.all_runs) and all(_calibration_run(r.variant) or _hard_run(r.variant) for r in res.all_runs)
 
 
-_CALIBRATION_DOC, _HARD_DOC = __doc__.split("\n\n", 1)[1].split("\n\nExperiments on the chosen setting", 1)
-_HARD_DOC = "Experiments on the chosen setting" + _HARD_DOC
-
-
-def report(res: Results, results_dir: Path, out: Path) -> list[str]:
-    """The calibration (when its runs are there), then the experiments on the chosen setting (likewise)."""
-    lines = header_section(res, results_dir)
+def report(res: Results, context: ReportContext) -> list[str]:
+    """The calibration (when its runs are there), then the experiments on the chosen setting (likewise), each
+    after its protocol."""
+    lines = header_section(res, context.results_dir)
+    protocol = protocol_sections(context.protocol)
     if any(_calibration_run(r.variant) for r in res.all_runs):
-        lines += [_CALIBRATION_DOC.strip(), ""] + calibration_section(res, out)
+        lines += [protocol["Calibration"], ""] + calibration_section(res, context.out, context.decisions)
     if any(_hard_run(r.variant) for r in res.all_runs):
-        lines += [_HARD_DOC.strip(), ""] + hard_sections(res, out)
+        lines += [protocol["Experiments on the chosen setting"], ""] + hard_sections(res, context)
     return lines
 
 
@@ -322,20 +249,20 @@ def choose(means: dict[str, float]) -> str | None:
     return min(inside, key=lambda n: (round(abs(means[n] - TARGET), 9), order.index(n))) if inside else None
 
 
-def calibration_section(res: Results, out: Path) -> list[str]:
+def calibration_section(res: Results, out: Path, d: Decisions) -> list[str]:
     rows, means, curve = [], {}, []
     for i, s in enumerate(SETTINGS):
         g = _group(res, s)
         acc = g.values("accuracy", "test") if g else {}
         whole = g.values("accuracy_sequence", "test") if g else {}
         st, sw = stat(acc.values()), stat(whole.values())
-        d = data_statistics(s)
+        data = data_statistics(s)
         if st is not None and st.n == len(CALIBRATION_SEEDS):
             means[s.name] = st.mean
         if st is not None:
             curve.append((i, s.name, st, sw))
-        rows.append([f"{i}. {s.name}", s.about, f"{100 * d['filler']:.0f}%", f"{d['depth']:.2f}",
-                     f"{d['distance']:.2f}", f"{100 * d['val_in_train']:.1f}%", _percent(st), _percent(sw),
+        rows.append([f"{i}. {s.name}", s.about, f"{100 * data['filler']:.0f}%", f"{data['depth']:.2f}",
+                     f"{data['distance']:.2f}", f"{100 * data['val_in_train']:.1f}%", _percent(st), _percent(sw),
                      ", ".join(f"{100 * acc[k]:.2f}" for k in sorted(acc)) or "not run"])
     if not curve:
         return []
@@ -350,7 +277,7 @@ def calibration_section(res: Results, out: Path) -> list[str]:
              md_table(["setting", "what changes", "filler", "depth", "match distance", "val in train",
                        "test accuracy (%)", "per-sequence (%)", "per seed (%)"], rows), "",
              "![softmax's test accuracy against the setting](calibration.png)", ""]
-    lines += _rule_lines(means)
+    lines += _rule_lines(means, d)
     return lines
 
 
@@ -361,7 +288,7 @@ def _percent(s) -> str:
     return f"{100 * s.mean:.2f}{spread} (n={s.n})"
 
 
-def _rule_lines(means: dict[str, float]) -> list[str]:
+def _rule_lines(means: dict[str, float], d: Decisions) -> list[str]:
     rule = (f"Rule (fixed before the runs): the setting whose softmax mean test accuracy lies in "
             f"[{100 * BAND[0]:.0f}%, {100 * BAND[1]:.0f}%] and is closest to {100 * TARGET:.0f}%.")
     missing = [s.name for s in SETTINGS if s.name not in means]
@@ -376,8 +303,8 @@ def _rule_lines(means: dict[str, float]) -> list[str]:
         near = [f"{n} ({fmt_num(100 * means[n])}%)" for n in near if n is not None]
         return [rule + " **No setting lies in the band**; the nearest to 90% on either side: " + ", ".join(near)
                 + ". A setting between them is to be added to the ladder.", ""]
-    note = "" if CHOSEN == chosen else (" (CHOSEN in studies/brackets.py is still "
-                                        f"{CHOSEN!r}: set it to {chosen!r} for the experiments)")
+    note = "" if d.chosen == chosen else (" (CHOSEN in studies/brackets/decisions.json is still "
+                                          f"{d.chosen!r}: set it to {chosen!r} for the experiments)")
     return [rule + f" **Chosen: {chosen}** ({fmt_num(100 * means[chosen])}%){note}.", ""]
 
 
@@ -399,14 +326,6 @@ def _plot_curve(curve: list, path: Path) -> None:
 
 # ---------------------------------------------------------------------- report of the experiments (stage 1)
 
-def beyond(lr: float, up: bool) -> float:
-    """The next lr half a decade beyond ``lr`` on the grid 1, 3, 10, 30, ... x 10^k (3e-2 above 1e-2, 3e-4
-    below 1e-3)."""
-    k = round(2 * math.log10(lr)) + (1 if up else -1)
-    exponent, odd = divmod(k, 2)
-    return float(f"{3 if odd else 1}e{exponent}")
-
-
 def choose_lr(scores: dict[float, tuple[float, float]], diverged: tuple[float, ...] = ()) -> float | None:
     """Stage 1's rule. ``scores``: lr -> (mean validation accuracy, mean validation per-sequence accuracy);
     an lr in ``diverged`` loses. The highest accuracy wins, lrs within NEAR_TIE of it count as tied and the
@@ -419,9 +338,9 @@ def choose_lr(scores: dict[float, tuple[float, float]], diverged: tuple[float, .
     return max(tied, key=lambda lr: (left[lr][1], -lr))
 
 
-def edge_extension(mode: str, lr: float) -> float | None:
+def edge_extension(mode: str, lr: float, d: Decisions) -> float | None:
     """The lr to add for ``mode`` when its best, ``lr``, is at the edge of its grid (else None)."""
-    lrs = mode_learning_rates(mode)
+    lrs = mode_learning_rates(mode, d)
     if len(lrs) > 1 and lr == lrs[0]:
         return beyond(lr, up=False)
     if len(lrs) > 1 and lr == lrs[-1]:
@@ -435,14 +354,14 @@ def _lr_values(res: Results, mode: str, lr: float, metric: str, ffn: bool = True
     return {s: v for s, v in (g.values(metric, split) if g else {}).items() if s in LR_SEEDS}
 
 
-def decide_learning_rates(res: Results) -> dict[str, tuple[float | None, float | None]]:
+def decide_learning_rates(res: Results, d: Decisions) -> dict[str, tuple[float | None, float | None]]:
     """Per mode whose stage-1 runs are complete: (the rule's lr, the lr to add beyond the grid's edge or
     None). A mode with a missing run (not counting those in DIVERGED) is left out."""
     out = {}
     for mode in MODES:
         scores, complete = {}, True
-        for lr in mode_learning_rates(mode):
-            if lr in DIVERGED.get(mode, ()):
+        for lr in mode_learning_rates(mode, d):
+            if lr in d.diverged.get(mode, ()):
                 continue
             acc, seq = _lr_values(res, mode, lr, "accuracy"), _lr_values(res, mode, lr, "accuracy_sequence")
             if len(acc) < len(LR_SEEDS):
@@ -451,7 +370,7 @@ def decide_learning_rates(res: Results) -> dict[str, tuple[float | None, float |
             scores[lr] = (statistics.mean(acc.values()), statistics.mean(seq.values()) if seq else math.nan)
         if complete:
             chosen = choose_lr(scores)
-            out[mode] = (chosen, edge_extension(mode, chosen) if chosen is not None else None)
+            out[mode] = (chosen, edge_extension(mode, chosen, d) if chosen is not None else None)
     return out
 
 
@@ -461,13 +380,14 @@ def _lr_row(mode: str, lr: str, bold: bool, acc: dict, seq: dict, diverged: bool
             _percent(stat(seq.values())), ", ".join(f"{100 * acc[k]:.2f}" for k in sorted(acc))]
 
 
-def learning_rate_section(res: Results, out: Path) -> list[str]:
-    decided = decide_learning_rates(res)
+def learning_rate_section(res: Results, context: ReportContext) -> list[str]:
+    d = context.decisions
+    decided = decide_learning_rates(res, d)
     rows = []
     for mode in MODES:
-        for lr in mode_learning_rates(mode):
+        for lr in mode_learning_rates(mode, d):
             acc, seq = _lr_values(res, mode, lr, "accuracy"), _lr_values(res, mode, lr, "accuracy_sequence")
-            diverged = lr in DIVERGED.get(mode, ())
+            diverged = lr in d.diverged.get(mode, ())
             if not acc and not diverged:
                 continue
             bold = decided.get(mode, (None,))[0] == lr
@@ -482,43 +402,40 @@ def learning_rate_section(res: Results, out: Path) -> list[str]:
              "the next lr beyond it. Bold: the rule's choice.", "",
              md_table(["mode", "lr", "validation accuracy (%)", "validation per-sequence (%)", "per seed (%)"],
                       rows), ""]
-    return (lines + [lr_decision_notes(MODES, decided, BEST_LR, "studies/brackets.py"), ""]
-            + _reproduction_lines(res, out))
+    return (lines + [lr_decision_notes(MODES, decided, d.best_lr, "studies/brackets/decisions.json"), ""]
+            + _reproduction_lines(res, context))
 
 
-CALIBRATION_ARCHIVE = Path("brackets-calibration") / "runs.jsonl.gz"  # beside this report's folder
-
-
-def _reproduction_lines(res: Results, out: Path) -> list[str]:
+def _reproduction_lines(res: Results, context: ReportContext) -> list[str]:
     """Whether stage 1's softmax at the calibration's lr reproduces the calibration's runs of CHOSEN (the same
     config), from the calibration's archive beside this report when it is there."""
-    path = out.parent / CALIBRATION_ARCHIVE
+    path, chosen = context.archives.get(CALIBRATION), context.decisions.chosen
     mine = _lr_values(res, "softmax", CALIBRATION_LR, "accuracy")
-    if not mine or not path.exists():
+    if not mine or path is None or not path.exists():
         return []
     before = {r.seed: r.metrics["val"]["accuracy"] for r in load_runs(path)
-              if r.variant == chosen_setting().variant and r.mode == "softmax" and r.seed in mine}
+              if r.variant == chosen_setting(context.decisions).variant and r.mode == "softmax" and r.seed in mine}
     if not before:
         return []
     gap = max(abs(mine[s] - before[s]) for s in before)
     seeds = ", ".join(map(str, sorted(before)))
     what = "reproduces them exactly" if gap == 0 else f"differs from them by up to {100 * gap:.2f} points"
-    return [f"Softmax at lr {CALIBRATION_LR:g} has the calibration's config on {CHOSEN}: its validation accuracy "
-            f"(seeds {seeds}) {what} (`report/{CALIBRATION_ARCHIVE.parent}`).", ""]
+    return [f"Softmax at lr {CALIBRATION_LR:g} has the calibration's config on {chosen}: its validation accuracy "
+            f"(seeds {seeds}) {what} (`report/{CALIBRATION}`).", ""]
 
 
 # ---------------------------------------------------------------------- report of the experiments (stage 2)
 
-FFN_VARIANT = {True: "base", False: "noffn"}  # the relabelled views' variant names (those paper.py reads)
+FFN_VARIANT = {True: "base", False: "noffn"}  # the relabelled views' variant names (those claims.py reads)
 
 
-def grid_view(res: Results) -> Results:
+def grid_view(res: Results, d: Decisions) -> Results:
     """Stage 2's runs (each mode at its BEST_LR) relabelled as variant ``base`` (with the FFN) and ``noffn``
     (without), so that the paper's bracket claims read them."""
     runs = []
     for r in res.runs:
         for ffn in FFN_SETTINGS:
-            if r.task == "brackets" and r.mode in BEST_LR and r.variant == hard_variant(BEST_LR[r.mode], ffn):
+            if r.task == "brackets" and r.mode in d.best_lr and r.variant == hard_variant(d.best_lr[r.mode], ffn):
                 runs.append(replace(r, variant=FFN_VARIANT[ffn]))
     return Results(runs)
 
@@ -531,7 +448,7 @@ def _test_values(res: Results, variant: str, T: int, mode: str | None, metric: s
 METRICS = (("accuracy", "test accuracy (%)"), ("accuracy_sequence", "per-sequence (%)"))
 
 
-def results_section(view: Results) -> list[str]:
+def results_section(view: Results, d: Decisions) -> list[str]:
     """Per FFN setting: per T and mode, both test accuracies, and their differences to softmax and to the mode
     without its last coupling, paired over seeds."""
     lines = []
@@ -545,7 +462,7 @@ def results_section(view: Results) -> list[str]:
                 if not mine["accuracy"]:
                     continue
                 ablation = {k: _test_values(view, variant, T, ABLATION.get(mode), k) for k, _ in METRICS}
-                cells.append([str(T), mode, f"{BEST_LR[mode]:g}"]
+                cells.append([str(T), mode, f"{d.best_lr[mode]:g}"]
                              + [_percent(stat(mine[k].values())) for k, _ in METRICS]
                              + [paired(soft[k], mine[k], points) if mode != "softmax" else None for k, _ in METRICS]
                              + [paired(ablation[k], mine[k], points) for k, _ in METRICS])
@@ -567,8 +484,6 @@ def results_section(view: Results) -> list[str]:
 
 
 def _claims(view: Results) -> list:
-    from .paper import claim_brackets_order, claim_j_structure, claim_noffn_gap, claim_three_body
-
     others = [claim_brackets_order(view, T) for T in view.Ts("brackets", "base") if T != LR_T]
     for c in others:  # the paper gives numbers at T = 16 only
         c.paper = f"not reported at this T; the same order as the paper's at T = {LR_T}"
@@ -577,34 +492,32 @@ def _claims(view: Results) -> list:
 
 
 def claims_section(view: Results) -> list[str]:
-    from .paper import agreement_section
-
     if not view.runs:
         return []
     return ["## The paper's bracket claims on the chosen setting", "",
-            f"Read by `paper.py`'s claim functions from this study's runs relabelled: variant `base` with the FFN, "
+            f"Read by `claims.py`'s claim functions from this study's runs relabelled: variant `base` with the FFN, "
             "`noffn` without it, each mode at its stage-1 lr. The order h+J > softmax > h > J is the paper's at "
             f"T = {LR_T}; at the other T it is checked the same way, beyond what the paper reports.", "",
             *demoted(agreement_section(view, _claims(view)))]
 
 
-def easy_section(view: Results, out: Path) -> list[str]:
+def easy_section(view: Results, context: ReportContext) -> list[str]:
     """The easy setting (report/full: the old generator) beside the chosen one, per FFN setting and T that
     both have, and the paper's claims on each."""
-    from .paper import BRACKET_CLAIMS, claim_j_structure
-
     if not view.runs:
         return []
-    easy = full_study_runs(out, lambda r: r.task == "brackets" and r.variant in FFN_VARIANT.values())
+    chosen = context.decisions.chosen
+    easy = archive_runs(context.archives.get(FULL),
+                        lambda r: r.task == "brackets" and r.variant in FFN_VARIANT.values())
     if easy is None:
-        return ["## The easy setting", "", f"The old generator's runs (`report/{FULL_ARCHIVE}`) are not beside this "
-                "report, so its row is left out; see `report/full/README.md` (brackets: 98.9-100% for every mode "
-                "but J at T <= 16).", ""]
+        return ["## The easy setting", "", f"The old generator's runs (`report/{FULL}/runs.jsonl.gz`) are not "
+                "beside this report, so its row is left out; see `report/full/README.md` (brackets: 98.9-100% for "
+                "every mode but J at T <= 16).", ""]
     cells = []
     for ffn in FFN_SETTINGS:
         variant = FFN_VARIANT[ffn]
         for T in sorted(set(easy.Ts("brackets", variant)) & set(view.Ts("brackets", variant))):
-            for name, res in ((f"easy (report/{FULL_ARCHIVE.parent})", easy), (f"{CHOSEN} (this study)", view)):
+            for name, res in ((f"easy (report/{FULL})", easy), (f"{chosen} (this study)", view)):
                 acc = {m: _test_values(res, variant, T, m, "accuracy") for m in MODES}
                 cells.append([name, "yes" if ffn else "no", str(T)] + [_percent(stat(acc[m].values())) for m in MODES]
                              + [paired(acc["softmax"], acc["h+J"], points)])
@@ -614,26 +527,26 @@ def easy_section(view: Results, out: Path) -> list[str]:
     now = [c(view) for c in BRACKET_CLAIMS] + [claim_j_structure(view)]
     return ["## The easy setting beside the chosen one", "",
             "Easy: the old generator (every bracket option at its default), "
-            f"`report/{FULL_ARCHIVE.parent}`'s runs: init torch, lr 3e-3 for every mode, 3 seeds (no per-sequence "
+            f"`report/{FULL}`'s runs: init torch, lr 3e-3 for every mode, 3 seeds (no per-sequence "
             "accuracy was recorded then). Chosen: this study's stage 2. Test accuracy over closing brackets (%), "
             "mean ± std (n seeds); h+J − softmax in points, paired over seeds, with Holm marks over the table.", "",
             table_with_holm(["setting", "FFN", "T", *MODES, "h+J − softmax, Δ pts"], cells), "",
             "The paper's bracket claims on each (the T = 16 order, the FFN ablation, three-body couplings, the "
-            "learned J):", "", claims_beside(["easy", CHOSEN], then, now), ""]
+            "learned J):", "", claims_beside(["easy", chosen], then, now), ""]
 
 
 # ---------------------------------------------------------------------- report of the experiments (stage 3)
 
-def noffn_check_section(res: Results) -> list[str]:
+def noffn_check_section(res: Results, d: Decisions) -> list[str]:
     """Stage 3: validation accuracy without the FFN at each checked mode's lrs (stage 1's rule applied; a best
     at the edge of the lrs run is named), then test accuracy at the rule's lr against softmax at its rule's
     lr, seeds 0-2."""
     rows, chosen, edges = [], {}, []
     for mode in NOFFN_CHECK_MODES:
-        if mode not in BEST_LR:
+        if mode not in d.best_lr:
             continue
         values = {lr: (_lr_values(res, mode, lr, "accuracy", ffn=False),
-                       _lr_values(res, mode, lr, "accuracy_sequence", ffn=False)) for lr in noffn_check_lrs(mode)}
+                       _lr_values(res, mode, lr, "accuracy_sequence", ffn=False)) for lr in noffn_check_lrs(mode, d)}
         if all(len(acc) == len(LR_SEEDS) for acc, _ in values.values()):
             chosen[mode] = choose_lr({lr: (statistics.mean(a.values()), statistics.mean(q.values()) if q else math.nan)
                                       for lr, (a, q) in values.items()})
@@ -641,15 +554,15 @@ def noffn_check_section(res: Results) -> list[str]:
                 edges.append(f"{mode} {chosen[mode]:g}")
         for lr, (acc, seq) in values.items():
             if acc:
-                name = f"{lr:g}" + (" (stage 1's)" if lr == BEST_LR[mode] else "")
+                name = f"{lr:g}" + (" (stage 1's)" if lr == d.best_lr[mode] else "")
                 rows.append(_lr_row(mode, name, chosen.get(mode) == lr, acc, seq))
     if not rows:
         return []
     lines = ["## Stage 3 (post hoc): the learning rate without the FFN", "",
-             f"Added after stage 2's results without the FFN were seen (see the docstring). T = {LR_T} without the "
-             f"FFN, validation set, seeds {', '.join(map(str, LR_SEEDS))}, each mode at its stage-1 lr and half a "
-             "decade either side, and the lrs added beyond an edge (NOFFN_CHECK_EXTRA); stage 1's rule. Bold: the "
-             "rule's choice.", "",
+             "Added after stage 2's results without the FFN were seen (see the protocol above). "
+             f"T = {LR_T} without the FFN, validation set, seeds {', '.join(map(str, LR_SEEDS))}, each mode at its "
+             "stage-1 lr and half a decade either side, and the lrs added beyond an edge (NOFFN_CHECK_EXTRA); "
+             "stage 1's rule. Bold: the rule's choice.", "",
              md_table(["mode", "lr", "validation accuracy (%)", "validation per-sequence (%)", "per seed (%)"], rows),
              ""]
     if edges:
@@ -669,7 +582,8 @@ def noffn_check_section(res: Results) -> list[str]:
                                      "per-sequence vs softmax, Δ pts"], cells, {4: "accuracy", 5: "sequence"}), ""]
 
 
-def hard_sections(res: Results, out: Path) -> list[str]:
-    view = grid_view(res)
-    return (learning_rate_section(res, out) + results_section(view) + noffn_check_section(res)
-            + claims_section(view) + easy_section(view, out))
+def hard_sections(res: Results, context: ReportContext) -> list[str]:
+    d = context.decisions
+    view = grid_view(res, d)
+    return (learning_rate_section(res, context) + results_section(view, d) + noffn_check_section(res, d)
+            + claims_section(view) + easy_section(view, context))

@@ -1,71 +1,38 @@
 """Strong baselines: the field's initialisation, each mode at its own learning rate, training long enough, and
 the nanoGPT check of the recipe. Profile ``baselines`` and its report.
 
-The earlier studies trained every mode with PyTorch's default initialisation (nn.Embedding N(0, 1)) at one
-learning rate for 4000 steps. This study gives softmax the recipe of the field (nanoGPT / GPT-2) and every mode
-its own best settings, in stages, each decided by a rule fixed before the runs it decides were seen:
-
-1. Initialisation: `torch` against `gpt2` for softmax, h, J and h+J on Shakespeare at T = 8 and 12,
-   5 paired seeds, 4000 steps at lr 3e-3. Rule: the default is the init with the lower validation perplexity
-   (all positions) of *softmax*, averaged over the two windows.
-2. Learning rate: each mode at every lr of `LEARNING_RATES` under the chosen init, T = 8 and 12, 3 seeds.
-   Rule: per mode, the lr with the lowest mean log-perplexity over both windows (one lr per mode); a mode
-   whose best lr is the grid's largest or smallest gets the next lr beyond it (x3) until its best is inside.
-3. Training length: the four modes at T = 12 with their best lr, 4000, 16000 and 64000 steps (each schedule
-   complete: warm-up, then cosine decay over the whole run), 3 seeds.
-4. The nanoGPT check: softmax in nanoGPT's CPU configuration (4 layers, 4 heads, d_model 128, T = 64, batch
-   12, 2000 iterations, lr 1e-3 with 100 warm-up steps and cosine decay to 1e-4, AdamW betas (0.9, 0.99),
-   no dropout, nanoGPT's init) against nanoGPT's published validation loss of about 1.88.
-5. The paper's grid re-established: Shakespeare T = 4..14, the four modes, 5 seeds, and T = 16 and 20 for
-   softmax, h and h+J with 3 seeds, each mode at its best lr, for `GRID_STEPS` steps. The length was fixed
-   before stage 3's h+J, J and 64000-step runs were seen, by affordability: 4000 steps is early training
-   (softmax at T = 12 fell from 6.94 to 6.56 by 16000 steps, 3 seeds), and the grid at 64000 steps would
-   take about 20 hours of the 2-core machine, at 16000 about 5 (estimated from stage 3's step times).
-   Stage 3 then says whether the ordering at 16000 steps still holds at 64000.
-6. The fair study redone at T = 12 under the same recipe (5 seeds, `GRID_STEPS`): h, h+J and J with every
-   other field bias of `FIELD_BIASES` (stage 5 holds the default one), and J's sensitivity for h+J and J:
-   its learning-rate multiplier (0.3, 3) and a random initialisation N(0, 0.1^2) instead of 0.
-7. T = 24 "as far as the exact method's speed allows": softmax, h and h+J, 3 seeds, `GRID_STEPS`, last.
-   Measured (one thread, the sweep paused): an h+J training step takes 0.46 s at T = 24 (0.07 s at T = 20;
-   softmax and h 8 ms), so an h+J run takes about 2 h and the stage about 6.5 h of one core (an estimate from
-   those step times). It is affordable with two jobs over a session, so it runs, after everything else.
-   On the AMD EPYC machine of 2026-12-02 the step took 0.58-0.66 s with two one-thread runs side by side
-   (0.45-0.83 s with two threads and nothing else running), about 2.7 h a run. Exact at T = 24 is at its
-   floor: about 13 G multiply-adds per step in GEMMs of 64 x 4096 x 4096 (an estimate from the split sizes),
-   which run at 74-79 GFLOP/s on one thread of that machine. A session lasts 3 h and a run does not survive
-   it (checkpoints are not committed), so each h+J run must start near a session's beginning. Decided on
-   2026-12-02: softmax and h (3 seeds each) are done, and h+J is not run for the committed results. Three
-   seeds take 8-10.5 h of one core (0.58-0.79 s per step measured that day with another run on the second
-   core), and three sessions' attempts were each stopped for work that fits a session. The grid stays in
-   the profile: `reproduce --profile baselines` runs it where that time is available.
-Every run uses AdamW's per-tensor loop (`fused_optimizer=False`), as the first stage's runs did. Later
-stages use the decisions of the earlier ones: `CHOSEN_INIT` and `BEST_LR` below hold them, with the
-measurement that set them in the report.
+Stages (the rules and the measurements behind each choice: ``protocol.md``, quoted by the report): 1. the
+initialisation, torch against gpt2; 2. each mode's learning rate; 3. the training length (4000, 16000, 64000
+steps); 4. the nanoGPT check; 5. the paper's grid under the strong recipe (``GRID_STEPS``); 6. the fair study
+redone under it; 7. T = 24. Later stages use the earlier ones' decisions (:class:`Decisions`, from
+``decisions.json``: the chosen init, the lrs added beyond the grid's edge, each mode's best lr). Every run uses
+AdamW's per-tensor loop (``fused_optimizer=False``).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..model import INITS
-from ..plots import figure, finish, style
-from ..report import (
-    FULL_ARCHIVE,
-    claims_beside,
+from ...claims import PAPER, SHAKESPEARE_CLAIMS, agreement_section, claim_j_structure, claims_beside, extension_section
+from ...model import INITS
+from ...plots import figure, finish, style
+from ...recipes import J_INIT_STD, J_LR_MULTIPLIERS, NANOGPT, NANOGPT_LOSS, NANOGPT_T
+from ...report import (
+    ReportContext,
+    archive_runs,
     couplings_section,
     demoted,
-    full_study_runs,
     header_section,
+    protocol_sections,
     shakespeare_section,
 )
-from ..results import Group, Results
-from ..stats import paired, relative, stat
-from ..sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid, with_field_bias
-from ..tables import duration, fmt_stat, md_table, table_with_holm
-from .fair import J_INIT_STD, J_LR_MULTIPLIERS
+from ...results import Group, Results
+from ...stats import paired, relative, stat
+from ...sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid, with_field_bias
+from ...tables import duration, fmt_stat, md_table, table_with_holm
 
 MODES = ("softmax", "h", "J", "h+J")
 INIT_SEEDS = (0, 1, 2, 3, 4)
@@ -75,27 +42,27 @@ BASE_LR = 3e-3  # the package's learning rate so far: the init study's
 LEARNING_RATES = (1e-3, 3e-3, 1e-2)
 STEPS = (4000, 16000, 64000)
 CONVERGENCE_T = 12
-GRID_STEPS = 16000  # stage 5's training length (see the docstring for how it was fixed)
+GRID_STEPS = 16000  # stage 5's training length (how it was fixed: protocol.md)
 GRID_TS = (8, 12, 4, 6, 10, 14)  # in the order they run: the init study's windows first
 GRID_SEEDS = (0, 1, 2, 3, 4)
 FAIR_T = 12
 LONG_TS = (16, 20)  # exact's cost grows as 2^T: 3 seeds, no J-only (as in the paper)
-LONGEST_T = 24  # stage 7, last: an h+J step takes about 0.46 s here (see the docstring)
+LONGEST_T = 24  # stage 7, last
 LONG_MODES = ("softmax", "h", "h+J")
 
-# Decisions of the earlier stages (see the report for the measurement behind each).
-CHOSEN_INIT = "gpt2"  # stage 1: softmax 7.212 (gpt2) against 7.496 (torch), mean over T = 8 and 12
-# Stage 2, by its rule: softmax, h and h+J are best at 3e-3, inside the grid. J is best at 1e-2, the grid's
-# edge, so the next lr up, 3e-2, was added for J (7.209 at T = 12 against 7.039 at 1e-2): J's best is 1e-2.
-EXTRA_LEARNING_RATES = {"J": (3e-2,)}
-BEST_LR: dict[str, float] = {"softmax": 3e-3, "h": 3e-3, "J": 1e-2, "h+J": 3e-3}  # mode -> lr
 
-# nanoGPT's config/train_shakespeare_char.py with the README's CPU overrides (shared/docs/SCALING.md §3).
-NANOGPT = {"batch_size": 12, "steps": 2000, "lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 0.1, "beta2": 0.99,
-           "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 250, "d_model": 128, "n_heads": 4,
-           "n_layers": 4, "d_ff": 512, "init": "gpt2", "fused_optimizer": False}
-NANOGPT_T = 64
-NANOGPT_LOSS = 1.88  # nanoGPT's README: "validation loss of about 1.88" for this configuration
+@dataclass(frozen=True)
+class Decisions:
+    """The decisions of the earlier stages (``decisions.json``; the measurement behind each: the report)."""
+
+    chosen_init: str = "gpt2"  # stage 1
+    extra_learning_rates: dict[str, tuple[float, ...]] = field(default_factory=dict)  # stage 2: mode -> lrs added
+    best_lr: dict[str, float] = field(default_factory=dict)  # stage 2: mode -> lr
+
+
+FULL = "full"  # the profile whose report archive holds the first recipe's runs (the claims then and now)
+READS = (FULL,)
+SETS_INIT = ("baselines",)  # its first stage compares the inits itself
 PREFIX = "init-"  # every variant of this study but the nanoGPT check
 NANOGPT_VARIANT = "nanogpt"
 
@@ -113,34 +80,35 @@ def _grid(T: int, modes, seeds, init: str, lr: float = BASE_LR, steps: int = 400
                 overrides=overrides)
 
 
-def baselines_grids(field_bias: str) -> list[Grid]:
+def baselines_grids(field_bias: str, d: Decisions) -> list[Grid]:
     """The stages in the order they run: init, the nanoGPT check (before any further comparison), learning
     rates, training length, the paper's grid, the fair study, T = 24 (a stage whose decision is not made yet
     has no grid)."""
     grids = [_grid(T, MODES, INIT_SEEDS, init) for T in INIT_TS for init in INITS]
     grids.append(Grid(("shakespeare",), (NANOGPT_T,), modes=("softmax",), seeds=SEEDS, variant=NANOGPT_VARIANT,
                       overrides=NANOGPT))
-    grids += [_grid(T, MODES, SEEDS, CHOSEN_INIT, lr) for T in INIT_TS for lr in LEARNING_RATES if lr != BASE_LR]
-    grids += [_grid(T, (mode,), SEEDS, CHOSEN_INIT, lr) for mode, lrs in EXTRA_LEARNING_RATES.items()
+    grids += [_grid(T, MODES, SEEDS, d.chosen_init, lr) for T in INIT_TS for lr in LEARNING_RATES if lr != BASE_LR]
+    grids += [_grid(T, (mode,), SEEDS, d.chosen_init, lr) for mode, lrs in d.extra_learning_rates.items()
               for T in INIT_TS for lr in lrs]
     for steps in STEPS[1:]:
-        grids += [_grid(CONVERGENCE_T, (mode,), SEEDS, CHOSEN_INIT, lr, steps) for mode, lr in BEST_LR.items()]
-    grids += paper_grid()
-    longest = [_grid(LONGEST_T, (mode,), (seed,), CHOSEN_INIT, BEST_LR[mode], GRID_STEPS)
+        grids += [_grid(CONVERGENCE_T, (mode,), SEEDS, d.chosen_init, lr, steps) for mode, lr in d.best_lr.items()]
+    grids += paper_grid(d)
+    longest = [_grid(LONGEST_T, (mode,), (seed,), d.chosen_init, d.best_lr[mode], GRID_STEPS)
                for seed in SEEDS for mode in LONG_MODES]
-    return with_field_bias(grids, field_bias) + fair_grids(field_bias) + with_field_bias(longest, field_bias)
+    return with_field_bias(grids, field_bias) + fair_grids(field_bias, d) + with_field_bias(longest, field_bias)
 
 
-def paper_grid() -> list[Grid]:
+def paper_grid(d: Decisions) -> list[Grid]:
     """Stage 5, seed by seed within each T so that paired comparisons complete early. At T = 12 the first
     three seeds are stage 3's 16000-step runs (the same names)."""
-    grids = [_grid(T, (mode,), (seed,), CHOSEN_INIT, BEST_LR[mode], GRID_STEPS)
+    grids = [_grid(T, (mode,), (seed,), d.chosen_init, d.best_lr[mode], GRID_STEPS)
              for T in GRID_TS for seed in GRID_SEEDS for mode in MODES]
-    return grids + [_grid(T, (mode,), (seed,), CHOSEN_INIT, BEST_LR[mode], GRID_STEPS)
+    return grids + [_grid(T, (mode,), (seed,), d.chosen_init, d.best_lr[mode], GRID_STEPS)
                     for T in LONG_TS for seed in SEEDS for mode in LONG_MODES]
 
 
 PROFILES = {"baselines": baselines_grids}
+HELP = {"baselines": "the strong-baselines study"}
 
 
 FAIR_MODES = ("h", "h+J", "J")
@@ -157,15 +125,16 @@ def fair_variants(field_bias: str = DEFAULT_FIELD_BIAS) -> dict[str, tuple[dict,
     return out
 
 
-def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
-    """Stage 6 (see the module docstring), seed by seed."""
+def fair_grids(field_bias: str, d: Decisions) -> list[Grid]:
+    """Stage 6, seed by seed: h, h+J and J with every other field bias, and J's sensitivity (its lr multiplier
+    and a random initialisation) for h+J and J, at T = FAIR_T, each mode at its best lr."""
     grids = []
     for seed in GRID_SEEDS:
         for suffix, (overrides, bias, modes) in fair_variants(field_bias).items():
             if not suffix:
                 continue
             for mode in modes:
-                g = _grid(FAIR_T, (mode,), (seed,), CHOSEN_INIT, BEST_LR[mode], GRID_STEPS)
+                g = _grid(FAIR_T, (mode,), (seed,), d.chosen_init, d.best_lr[mode], GRID_STEPS)
                 grids.append(replace(g, variant=g.variant + suffix, overrides={**g.overrides, **overrides},
                                      field_bias=bias or (None if field_bias == DEFAULT_FIELD_BIAS else field_bias)))
     return grids
@@ -179,15 +148,17 @@ def owns(res: Results) -> bool:
                                       for r in res.all_runs)
 
 
-def report(res: Results, results_dir: Path, out: Path) -> list[str]:
-    lines = header_section(res, results_dir)
-    lines += [__doc__.split("\n\n", 1)[1].strip(), ""]
+def report(res: Results, context: ReportContext) -> list[str]:
+    """Header, the protocol, then each stage's section (a stage without runs has none)."""
+    d = context.decisions
+    lines = header_section(res, context.results_dir)
+    lines += [protocol_sections(context.protocol)[""], ""]
     lines += nanogpt_section(res)
-    lines += init_section(res)
-    lines += learning_rate_section(res)
-    lines += convergence_section(res, out)
-    lines += grid_section(res, out)
-    lines += fair_section(res)
+    lines += init_section(res, d)
+    lines += learning_rate_section(res, d)
+    lines += convergence_section(res, context.out, d)
+    lines += grid_section(res, context)
+    lines += fair_section(res, d)
     return lines
 
 
@@ -214,7 +185,7 @@ def nanogpt_section(res: Results) -> list[str]:
             md_table(["seed", "validation loss", "wall time"], rows), ""]
 
 
-def init_section(res: Results) -> list[str]:
+def init_section(res: Results, d: Decisions) -> list[str]:
     """Both inits per mode and T, the paired effect of the init, each mode against softmax under each init,
     and the decision rule applied."""
     if not any(_get(res, T, "softmax", variant(i)) for T in INIT_TS for i in INITS):
@@ -252,23 +223,24 @@ def init_section(res: Results) -> list[str]:
         best = min(means, key=means.get)
         lines += ["Rule: the default init is softmax's best, by its mean perplexity over T = 8 and 12: "
                   + ", ".join(f"{i} {means[i]:.3f}" for i in INITS) + f", so **{best}**"
-                  + ("" if best == CHOSEN_INIT else f" (the study's later stages still use {CHOSEN_INIT}: update "
-                                                    "CHOSEN_INIT)") + ".", ""]
+                  + ("" if best == d.chosen_init else f" (the study's later stages still use {d.chosen_init}: "
+                                                      "update CHOSEN_INIT in decisions.json)") + ".", ""]
     return lines
 
 
-def learning_rate_section(res: Results) -> list[str]:
+def learning_rate_section(res: Results, d: Decisions) -> list[str]:
     rows, best = [], {}
     for mode in MODES:
         scores = {}
-        for lr in sorted(LEARNING_RATES + EXTRA_LEARNING_RATES.get(mode, ())):
-            per_T = [_values(_get(res, T, mode, variant(CHOSEN_INIT, lr))) for T in INIT_TS]
-            per_T = [{s: v for s, v in d.items() if s in SEEDS} for d in per_T]  # the init study has 5 seeds
+        for lr in sorted(LEARNING_RATES + d.extra_learning_rates.get(mode, ())):
+            per_T = [_values(_get(res, T, mode, variant(d.chosen_init, lr))) for T in INIT_TS]
+            per_T = [{s: v for s, v in by_seed.items() if s in SEEDS} for by_seed in per_T]  # the init study: 5 seeds
             if all(per_T):
-                scores[lr] = statistics.mean(statistics.mean(math.log(v) for v in d.values()) for d in per_T)
+                scores[lr] = statistics.mean(statistics.mean(math.log(v) for v in by_seed.values())
+                                             for by_seed in per_T)
             if any(per_T):
-                rows.append([mode, f"{lr:g}"] + [fmt_stat(stat(d.values())) for d in per_T])
-        if len(scores) == len(LEARNING_RATES) + len(EXTRA_LEARNING_RATES.get(mode, ())):
+                rows.append([mode, f"{lr:g}"] + [fmt_stat(stat(by_seed.values())) for by_seed in per_T])
+        if len(scores) == len(LEARNING_RATES) + len(d.extra_learning_rates.get(mode, ())):
             best[mode] = min(scores, key=scores.get)
     if not rows:
         return []
@@ -277,24 +249,25 @@ def learning_rate_section(res: Results) -> list[str]:
             row[1] = f"**{row[1]}**"
     lines = ["## 2. Each mode at its best learning rate", "",
              f"Validation perplexity (all positions), mean ± std over seeds {', '.join(map(str, SEEDS))}, 4000 "
-             f"steps, init {CHOSEN_INIT}. Rule: per mode, the lr with the lowest mean log-perplexity over both "
+             f"steps, init {d.chosen_init}. Rule: per mode, the lr with the lowest mean log-perplexity over both "
              "windows (bold).", "",
              md_table(["mode", "lr"] + [f"T = {T}" for T in INIT_TS], rows), ""]
-    waiting = [m for m in MODES if m not in best and m in EXTRA_LEARNING_RATES]
+    waiting = [m for m in MODES if m not in best and m in d.extra_learning_rates]
     if waiting:
         lines += [f"{m}: best at the grid's edge, so the study adds lr "
-                  f"{', '.join(f'{lr:g}' for lr in EXTRA_LEARNING_RATES[m])} (not run yet)." for m in waiting] + [""]
+                  f"{', '.join(f'{lr:g}' for lr in d.extra_learning_rates[m])} (not run yet)." for m in waiting] + [""]
     if best:
         lines += ["Best: " + ", ".join(f"{m} {lr:g}" for m, lr in best.items())
-                  + ("" if best == BEST_LR else " (the convergence stage uses BEST_LR: update it)") + ".", ""]
+                  + ("" if best == d.best_lr else " (the convergence stage uses BEST_LR: update it in decisions.json)")
+                  + ".", ""]
     return lines
 
 
-def convergence_section(res: Results, out: Path) -> list[str]:
+def convergence_section(res: Results, out: Path, d: Decisions) -> list[str]:
     found = {}
-    for mode, lr in BEST_LR.items():
+    for mode, lr in d.best_lr.items():
         for steps in STEPS:
-            g = _get(res, CONVERGENCE_T, mode, variant(CHOSEN_INIT, lr, steps))
+            g = _get(res, CONVERGENCE_T, mode, variant(d.chosen_init, lr, steps))
             if g is not None:
                 found[(mode, steps)] = g
     if not found:
@@ -303,28 +276,28 @@ def convergence_section(res: Results, out: Path) -> list[str]:
     for steps in STEPS:
         soft = _values(found.get(("softmax", steps)))
         row = [str(steps)]
-        for mode in BEST_LR:
+        for mode in d.best_lr:
             v = {s: x for s, x in _values(found.get((mode, steps))).items() if s in SEEDS}
             row.append(fmt_stat(stat(v.values()), show_n=False))
-        for mode in BEST_LR:
+        for mode in d.best_lr:
             if mode != "softmax":
                 v = _values(found.get((mode, steps)))
                 row.append(paired(soft, v, relative) if soft and v else None)
         cells.append(row)
-    others = [m for m in BEST_LR if m != "softmax"]
-    _plot_convergence(found, out / "convergence.png")
+    others = [m for m in d.best_lr if m != "softmax"]
+    _plot_convergence(found, out / "convergence.png", d)
     return ["## 3. Training length", "",
             f"T = {CONVERGENCE_T}, each mode at its best lr, validation perplexity (all positions) after the whole "
             "schedule, mean ± std over seeds; Δ% against softmax paired over seeds (positive = better).", "",
-            table_with_holm(["steps"] + [f"{m} PPL" for m in BEST_LR] + [f"{m} vs softmax, Δ%" for m in others],
+            table_with_holm(["steps"] + [f"{m} PPL" for m in d.best_lr] + [f"{m} vs softmax, Δ%" for m in others],
                             cells), "", "![validation perplexity against steps](convergence.png)", "",
-            *settling(found), ""]
+            *settling(found, d), ""]
 
 
-def _ordering(found: dict, steps: int) -> list[str] | None:
+def _ordering(found: dict, steps: int, d: Decisions) -> list[str] | None:
     """The modes from the lowest mean perplexity to the highest at ``steps``; None unless all have 3 seeds."""
     means = {}
-    for mode in BEST_LR:
+    for mode in d.best_lr:
         v = {s: x for s, x in _values(found.get((mode, steps))).items() if s in SEEDS}
         if len(v) < len(SEEDS):
             return None
@@ -332,11 +305,11 @@ def _ordering(found: dict, steps: int) -> list[str] | None:
     return sorted(means, key=means.get)
 
 
-def settling(found: dict) -> list[str]:
+def settling(found: dict, d: Decisions) -> list[str]:
     """The rule for the training length, applied: the ordering of the modes by mean perplexity at each length,
     and whether 16000 steps agrees with 64000 (the same ordering, and every mode's Δ% against softmax at 16000
     inside the 95% interval of its Δ% at 64000)."""
-    orders = {steps: _ordering(found, steps) for steps in STEPS}
+    orders = {steps: _ordering(found, steps, d) for steps in STEPS}
     lines = ["Ordering (lowest perplexity first): " + "; ".join(
         f"{steps} steps: {' < '.join(o) if o else 'incomplete'}" for steps, o in orders.items()) + "."]
     short, long = STEPS[-2], STEPS[-1]
@@ -345,7 +318,7 @@ def settling(found: dict) -> list[str]:
                         f"{long}'s and every mode's Δ% against softmax lies inside the 95% interval of its Δ% at "
                         f"{long}. Not decided yet: runs missing."]
     inside = []
-    for mode in BEST_LR:
+    for mode in d.best_lr:
         if mode == "softmax":
             continue
         soft = (_values(found[("softmax", short)]), _values(found[("softmax", long)]))
@@ -363,16 +336,16 @@ def settling(found: dict) -> list[str]:
                        f"{short} steps carry that caveat.")]
 
 
-def _plot_convergence(found: dict, path: Path) -> None:
+def _plot_convergence(found: dict, path: Path, d: Decisions) -> None:
     fig = figure(6.0, 4.0)
     ax = fig.add_subplot(1, 1, 1)
-    for mode in BEST_LR:
+    for mode in d.best_lr:
         points = [(steps, stat(g.values("ppl").values())) for (m, steps), g in sorted(found.items()) if m == mode]
         points = [(s, st) for s, st in points if st is not None]
         if points:
             ax.errorbar([s for s, _ in points], [st.mean for _, st in points],
                         yerr=[0 if math.isnan(st.std) else st.std for _, st in points], marker="o", capsize=3,
-                        label=f"{mode} (lr {BEST_LR[mode]:g})", **style(mode, "exact"))
+                        label=f"{mode} (lr {d.best_lr[mode]:g})", **style(mode, "exact"))
     ax.set_xscale("log")
     ax.set_xticks(list(STEPS), [str(s) for s in STEPS])
     finish(fig, ax, "training steps (whole schedule)", "validation perplexity",
@@ -381,41 +354,39 @@ def _plot_convergence(found: dict, path: Path) -> None:
 
 # --------------------------------------------------------------------------------- stage 5: the paper's grid
 
-def grid_view(res: Results) -> Results:
+def grid_view(res: Results, d: Decisions) -> Results:
     """Stage 5's runs relabelled as variant ``base`` (each mode's variant name carries its own lr), so that the
     paper's tables, fits and claims read them."""
     return Results([replace(r, variant="base") for r in res.runs
-                    if r.task == "shakespeare" and r.mode in BEST_LR and r.seed in GRID_SEEDS
+                    if r.task == "shakespeare" and r.mode in d.best_lr and r.seed in GRID_SEEDS
                     and r.T in (*GRID_TS, *LONG_TS, LONGEST_T)
-                    and r.variant == variant(CHOSEN_INIT, BEST_LR[r.mode], GRID_STEPS)])
+                    and r.variant == variant(d.chosen_init, d.best_lr[r.mode], GRID_STEPS)])
 
 
 def _claims(res: Results) -> list:
-    from .paper import SHAKESPEARE_CLAIMS, claim_j_structure
-
     return [c(res) for c in SHAKESPEARE_CLAIMS] + [claim_j_structure(res)]
 
 
-def grid_section(res: Results, out: Path) -> list[str]:
+def grid_section(res: Results, context: ReportContext) -> list[str]:
     """Stage 5: the paper's Shakespeare tables, fits, learned J and claims under the strong recipe, and the
     claims' verdicts beside those of the earlier recipe (``report/full``) when its archive is there."""
-    from .paper import PAPER, agreement_section, extension_section
-
-    view = grid_view(res)
+    out, d = context.out, context.decisions
+    view = grid_view(res, d)
     if not view.runs:
         return []
     lines = ["## 5. The paper's grid under the strong recipe", "",
-             f"Init {CHOSEN_INIT}, each mode at its best lr ({', '.join(f'{m} {lr:g}' for m, lr in BEST_LR.items())}), "
+             f"Init {d.chosen_init}, each mode at its best lr "
+             f"({', '.join(f'{m} {lr:g}' for m, lr in d.best_lr.items())}), "
              f"{GRID_STEPS} steps, unfused AdamW; the tables below name the runs as variant `base`.", ""]
     lines += demoted(shakespeare_section(view, out, PAPER["shakespeare"]))
     lines += demoted(couplings_section(view, out, modes=("h+J", "J")))
     claims = _claims(view)
     lines += demoted(agreement_section(view, claims))
     lines += demoted(extension_section(view))
-    earlier = full_study_runs(out, lambda r: r.variant == "base")
+    earlier = archive_runs(context.archives.get(FULL), lambda r: r.variant == "base")
     if earlier is not None:
         lines += ["### The claims then and now", "",
-                  f"Then: `report/{FULL_ARCHIVE.parent}` (init torch, lr 3e-3 for every mode, 4000 steps). Now: "
+                  f"Then: `report/{FULL}` (init torch, lr 3e-3 for every mode, 4000 steps). Now: "
                   "this section's runs. A claim's verdict can change with the recipe, with the number of seeds or "
                   "with the T values measured.", "", claims_beside(["then", "now"], _claims(earlier), claims), ""]
     return lines
@@ -423,12 +394,12 @@ def grid_section(res: Results, out: Path) -> list[str]:
 
 # ---------------------------------------------------------------------------- stage 6: the fair study redone
 
-def fair_section(res: Results) -> list[str]:
+def fair_section(res: Results, d: Decisions) -> list[str]:
     """Per setting of stage 6 and per metric (all positions, last position): each mode's perplexity, against
     softmax and (h+J) against h, and against the same mode at stage 5's default setting, paired over seeds;
     nothing until a stage-6 run exists."""
     def values(mode: str, suffix: str, metric: str = "ppl") -> dict[int, float]:
-        return _values(_get(res, FAIR_T, mode, variant(CHOSEN_INIT, BEST_LR[mode], GRID_STEPS) + suffix), metric)
+        return _values(_get(res, FAIR_T, mode, variant(d.chosen_init, d.best_lr[mode], GRID_STEPS) + suffix), metric)
 
     settings = fair_variants()
     if not any(values(m, suffix) for suffix, (_, _, modes) in settings.items() if suffix for m in modes):

@@ -11,25 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..plots import figure, finish
-from ..report import header_section
-from ..results import Group, Results
-from ..stats import ALPHA, Paired, millinats, paired, points, relative, stat
-from ..sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid
-from ..tables import duration, fmt_interval, fmt_stat, md_table, table_with_holm
-
-# What the report says about the study (after its header).
-ABOUT = """It asks what the couplings J add over sigmoid attention (mode h) once the field bias is treated fairly:
-
-* field-bias variants x modes h, h+J, J against one softmax baseline, on both tasks;
-* two Shakespeare metrics (perplexity over all positions, and at the last position only) and two bracket
-  metrics (test accuracy, test cross-entropy);
-* convergence (4x longer training) and the sensitivity of J (learning-rate multiplier, initialisation).
-
-Every comparison is paired over seeds (a seed fixes the initialisation and the data order of every mode):
-the mean of the per-seed differences with a 95% confidence interval from Student's t. ``*`` marks p < 0.05
-(two-sided paired t-test); ``**`` marks differences that stay significant after a Holm correction over all
-the comparisons of their table."""
+from ...plots import figure, finish
+from ...recipes import J_INIT_STD, J_LR_MULTIPLIERS
+from ...report import ReportContext, header_section, protocol_sections
+from ...results import Group, Results
+from ...stats import ALPHA, Paired, millinats, paired, points, relative, stat
+from ...sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid
+from ...tables import duration, fmt_interval, fmt_stat, md_table, table_with_holm
 
 BOLTZMANN_MODES = ("h", "h+J", "J")
 
@@ -38,12 +26,10 @@ BOLTZMANN_MODES = ("h", "h+J", "J")
 
 FAIR_SEEDS = (0, 1, 2, 3, 4)
 FAIR_T = 12
-J_LR_MULTIPLIERS = (0.3, 3.0)   # besides 1.0, which is the bias study's run
-J_INIT_STD = 0.1                # "small random" couplings: N(0, 0.1^2), against 0 by default
 NOFFN = "noffn-"  # variant prefix of the brackets runs without the FFN (d_ff = 0)
 
 
-def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
+def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS, decisions: None = None) -> list[Grid]:
     """The fair-baselines study, in the order it is run (the most important grids first).
 
     1. Every field-bias variant for h, h+J and J against one softmax baseline, at T = 12 on both tasks.
@@ -88,6 +74,7 @@ def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
 
 
 PROFILES = {"fair": fair_grids}
+HELP = {"fair": "the fair-baselines study"}
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -366,14 +353,15 @@ def owns(res: Results) -> bool:
     return any(r.variant.startswith(tuple(f"{p}bias-" for p in PREFIXES)) for r in res.all_runs)
 
 
-def report(res: Results, results_dir: Path, out: Path) -> list[str]:
-    """Header, the field-bias study per setting, convergence, sensitivity of J, conclusions claim by claim."""
-    study = Study(res)
-    lines = header_section(res, results_dir)[:-1]
+def report(res: Results, context: ReportContext) -> list[str]:
+    """Header, what the study asks (its protocol), the field-bias study per setting, convergence, sensitivity
+    of J, conclusions claim by claim."""
+    study, out = Study(res), context.out
+    lines = header_section(res, context.results_dir)[:-1]
     lines[0] = "# Fair baselines: what the couplings add over sigmoid attention and its field bias"
     lines += ["- Sum of run wall times per task: " + ", ".join(
         f"{t} {duration(sum(r.wall_time_s for r in res.runs if r.task == t))}" for t in res.tasks()), "",
-        ABOUT, "",
+        protocol_sections(context.protocol)[""], "",
         "Field-bias variants (b = c·log T at initialisation; the weights are sigmoid(2h), so the logit bias is 2b): "
         + "; ".join(f"`{b}`: {'learnable' if lr else 'fixed'}, c = {c:g}" for b, (lr, c) in FIELD_BIASES.items())
         + f". The library's default is `{DEFAULT_FIELD_BIAS}`. With `fixed-0` the J-only mode has no field at all, "

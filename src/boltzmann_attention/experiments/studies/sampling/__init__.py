@@ -1,37 +1,37 @@
 """Models trained through samplers (DQA, PT, Gibbs) against the same models trained with exact marginals:
 profiles ``sampling`` and ``dqa-boltzmann`` and their report.
 
-The sampler settings are the library's (:data:`boltzmann_attention.benchmark.TRAINING_SAMPLER_OPTIONS`), so
-the benchmark measures the samplers as they are trained here. ``sampling`` ran DQA at energy scale 1, its
-near-adiabatic regime; ``dqa-boltzmann`` (issue 15) runs it at the energy scale calibrated to approximate
-exp(-E) (``target_beta=1.0``, see ``ising.annealing.calibrate_energy_scale``). Both profiles' runs can share
-one results folder (every variant starts with ``sampling``), and its report then holds both regimes.
+The sampler settings are the shared recipe's (:data:`..recipes.TRAINING_SAMPLER_OPTIONS`, the values the
+benchmark measures the samplers at). ``sampling`` runs DQA at energy scale 1, its near-adiabatic regime;
+``dqa-boltzmann`` runs it at the energy scale calibrated to approximate exp(-E) (``target_beta=1.0``, see
+``ising.annealing.calibrate_energy_scale``). Both profiles' runs can share one results folder (every variant
+starts with ``sampling``), and its report then holds both regimes. Why each setting is what it is, and what it
+cost: ``protocol.md``.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import statistics
 from dataclasses import replace
-from pathlib import Path
 
-from ...benchmark import TRAINING_SAMPLER_OPTIONS
-from ...ising.annealing import ANNEAL_OPTIONS, dqa_marginals
-from ..report import (
+from ....ising.annealing import ANNEAL_OPTIONS, dqa_marginals
+from ...recipes import BEST_LR, CHOSEN_INIT, TRAINING_SAMPLER_OPTIONS
+from ...report import (
     TASK_METRICS,
+    ReportContext,
     brackets_section,
     couplings_section,
     header_section,
+    sampler_section,
     shakespeare_section,
     summarize,
     verdict,
 )
-from ..results import Group, Results, mode_rank
-from ..stats import Paired, stat
-from ..sweep import Grid, with_field_bias
-from ..tables import duration, fmt_comparison, fmt_stat, md_table, table_with_holm
-from .baselines import BEST_LR, CHOSEN_INIT
+from ...results import Group, Results, mode_rank
+from ...stats import Paired, stat
+from ...sweep import Grid, with_field_bias
+from ...tables import duration, fmt_comparison, fmt_stat, md_table, table_with_holm
 
 # DQA at the paper's 200 Trotter steps and 5 ns (the defaults of ising.annealing) with its straight-through
 # estimator; PT and Gibbs with few sweeps, since every training step samples afresh.
@@ -41,15 +41,13 @@ NUDGED_OPTIONS = TRAINING_SAMPLER_OPTIONS["gibbs"]  # Gibbs, gradient-free in J
 VARIANT = "sampling"
 
 
-def sampling_grids(field_bias: str) -> list[Grid]:
+def sampling_grids(field_bias: str, decisions: None = None) -> list[Grid]:
     """Models trained through sampled marginals against the same models trained with exact marginals.
 
     In the order they run (cheapest first), each after its exact references: DQA-trained h+J at T = 4;
     PT-trained h+J and gradient-free J-only training (Gibbs, nudged) at T = 4; then the rest of the paper's
-    DQA grid, T = 6 and 8 (about 4 and 9 minutes per run, one thread each, two runs at a time on 2 cores:
-    the 30 sampled runs took 50 minutes with ``--jobs 2``). Last, variant 'sampling-trotter800': the same
-    5 ns anneal in 4x finer Trotter steps at T = 6 on Shakespeare, with its own exact references, to test
-    whether DQA's gap to exact comes from the digitised (aliased) dynamics of 200 steps.
+    DQA grid, T = 6 and 8. Last, variant 'sampling-trotter800': the same 5 ns anneal in 4x finer Trotter steps
+    at T = 6 on Shakespeare, with its own exact references.
     """
     seeds, both, variant, fine = (0, 1, 2), ("shakespeare", "brackets"), VARIANT, f"{VARIANT}-trotter800"
 
@@ -69,50 +67,31 @@ def sampling_grids(field_bias: str) -> list[Grid]:
              overrides={"method_options": {**DQA_OPTIONS, "trotter_steps": 800}})], field_bias)
 
 
-# DQA in its Boltzmann regime (issue 15): the calibrated anneal with each of two gradient estimators.
+# DQA in its Boltzmann regime: the calibrated anneal with each of two gradient estimators.
 BOLTZMANN = f"{VARIANT}-boltzmann"  # the exact-trained references; the DQA runs are f"{BOLTZMANN}-<gradient>"
 BOLTZMANN_GRADIENTS = ("ste", "covariance")
 BOLTZMANN_TS = (4, 6, 8)
 BOLTZMANN_SEEDS = (0, 1, 2)
-BOLTZMANN_STEPS = 4000  # the sampling study's length, not the baselines' 16000 (see boltzmann_grids)
+BOLTZMANN_STEPS = 4000  # the sampling study's length, not the baselines' 16000 (why: protocol.md)
 BOLTZMANN_DQA = {**DQA_OPTIONS, "target_beta": 1.0}  # gradient set per variant
 
 
 def boltzmann_recipe(mode: str) -> dict:
-    """The strong-baselines recipe (studies/baselines.py): nanoGPT's init, the mode's best learning rate and
-    unfused AdamW, at BOLTZMANN_STEPS steps (every schedule complete)."""
+    """The strong recipe (:mod:`..recipes`): nanoGPT's init, the mode's best learning rate and unfused AdamW,
+    at BOLTZMANN_STEPS steps (every schedule complete)."""
     return {"init": CHOSEN_INIT, "lr": BEST_LR[mode], "fused_optimizer": False, "steps": BOLTZMANN_STEPS}
 
 
-def boltzmann_grids(field_bias: str) -> list[Grid]:
-    """DQA-trained h+J against exact-trained h+J with DQA in its Boltzmann regime (issue 15).
+def boltzmann_grids(field_bias: str, decisions: None = None) -> list[Grid]:
+    """DQA-trained h+J against exact-trained h+J with DQA in its Boltzmann regime.
 
     DQA at the defaults (5 ns, linear schedule, 200 Trotter steps, 100 samples per query) with
-    ``target_beta=1.0``: the energy scale calibrated to approximate exp(-E) (0.0345; KL to exp(-E) 0.002 to
-    0.044 nats at n = 4..16, report/dqa_calibration), against the sampling study's energy scale 1 (the
-    near-adiabatic regime). Both gradient estimators, straight-through ('ste', variant
-    ``sampling-boltzmann-ste``) and covariance (``sampling-boltzmann-covariance``). Shakespeare and brackets,
-    T = 4, 6, 8, 3 seeds; exact-trained softmax and h+J with the same seeds and recipe (variant
+    ``target_beta=1.0``, with each gradient estimator, straight-through ('ste', variant
+    ``sampling-boltzmann-ste``) and covariance (``sampling-boltzmann-covariance``); Shakespeare and brackets,
+    BOLTZMANN_TS, BOLTZMANN_SEEDS; exact-trained softmax and h+J with the same seeds and recipe (variant
     ``sampling-boltzmann``) as references. Every DQA run is also evaluated with exact marginals (``val_exact``,
-    ``test_exact``), as in the sampling study.
-
-    Recipe: the strong baselines' (init gpt2, lr 3e-3: the best of softmax and h+J, unfused AdamW). Length: 4000
-    steps, the sampling study's, not the baselines' 16000, fixed by the budget before any run of this profile was
-    seen. Step times measured on this 2-core machine while a sweep kept both cores busy (load 4.6-5.2; one thread,
-    nice 5; median of 20 steps, batch 64, the three interleaved in one process), exact / DQA straight-through / DQA
-    covariance: T = 8 Shakespeare 19 / 342 / 358 ms, brackets 14 / 252 / 261 ms; T = 6 Shakespeare 16 / 198 / 203
-    ms; T = 4 Shakespeare 12 / 39 / 40 ms; one evaluation through DQA (2048 windows) 12.8 s at T = 8, five per run;
-    the calibration itself 6 s, once per process. So covariance costs 2-5% more than straight-through; the anneal
-    does the same operations at any energy scale, so the sampling study's wall times on a quiet machine (two runs at
-    a time, one thread each; the evaluations every 1000 steps included, not the final ones) give the budget: 28 min
-    per seed and gradient for both tasks at T = 4, 6, 8 (Shakespeare 49, 241 and 567 s; brackets 52, 295 and 478 s),
-    i.e. 2.9 h of one core for the 36 DQA runs and about 20 min for the 36 exact ones: about 3.2 h of one core, 1.6
-    h with ``--jobs 2``. 16000 steps would take about 13 h of one core, so they do not fit. The exact Shakespeare
-    runs at T = 8 have the config of the baselines study's stage-1 gpt2 runs (4000 steps, lr 3e-3, unfused), so they
-    also check that those reproduce.
-
-    In the order they run: the exact references (cheap), then DQA at T = 4, 6, 8, each T for both tasks and
-    both gradients.
+    ``test_exact``). Recipe: :func:`boltzmann_recipe`. In the order they run: the exact references, then DQA
+    at each T for both tasks and both gradients.
     """
     grids = [Grid(("shakespeare", "brackets"), BOLTZMANN_TS, modes=(mode,), seeds=BOLTZMANN_SEEDS,
                   variant=BOLTZMANN, overrides=boltzmann_recipe(mode)) for mode in ("softmax", "h+J")]
@@ -124,6 +103,8 @@ def boltzmann_grids(field_bias: str) -> list[Grid]:
 
 
 PROFILES = {"sampling": sampling_grids, "dqa-boltzmann": boltzmann_grids}
+HELP = {"sampling": "models trained through DQA, PT and Gibbs against exact",
+        "dqa-boltzmann": "models trained through DQA at its energy scale calibrated to exp(-E), against exact"}
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -134,10 +115,11 @@ def owns(res: Results) -> bool:
                                       for r in res.all_runs)
 
 
-def report(res: Results, results_dir: Path, out: Path) -> list[str]:
+def report(res: Results, context: ReportContext) -> list[str]:
     """Header, the sampler comparison, DQA's two regimes, the task tables and the learned couplings (all but
     the header on :func:`view`)."""
-    lines = header_section(res, results_dir)
+    out = context.out
+    lines = header_section(res, context.results_dir)
     res = view(res)
     lines += sampler_section(res)
     lines += regime_section(res)
@@ -165,60 +147,7 @@ def _paired(c: Paired | None, unit: str) -> str:
     return fmt_comparison(c) + unit if c else ""
 
 
-def sampler_section(res: Results) -> list[str]:
-    """Models trained through a sampler (DQA, PT, Gibbs, ...) against the same grid point trained exactly,
-    and, where the runs were also evaluated with exact marginals, how the gap splits into training and
-    evaluation."""
-    rows, split_rows = [], []
-    for (task, variant, T, mode, method), g in sorted(res.groups.items(), key=lambda kv: (
-            kv[0][0] != "shakespeare", kv[0][0], kv[0][1], kv[0][2], mode_rank(kv[0][3]), kv[0][4])):
-        exact = res.get(task, variant, T, mode, "exact")
-        if method in ("exact", "reference") or exact is None or task not in TASK_METRICS:
-            continue
-        spec = TASK_METRICS[task]
-        unit = "%" if task == "shakespeare" else " pts"
-        scale = spec["scale"]
-        vals, ref = g.values(spec["metric"], spec["split"]), exact.values(spec["metric"], spec["split"])
-        base = res.baseline(task, variant, T, "exact")
-        base_vals = base.values(spec["metric"], spec["split"]) if base else {}
-        c = spec["diff"](ref, vals)  # positive: the sampler-trained model is better
-        options = json.dumps(next(iter(g.runs.values())).config.get("method_options") or {}, sort_keys=True)
-        rows.append([task, str(T), mode, method, f"`{options}`", _show(ref, scale), _show(vals, scale),
-                     fmt_comparison(spec["diff"](base_vals, ref)) if base_vals else "",
-                     fmt_comparison(spec["diff"](base_vals, vals)) if base_vals else "",
-                     _paired(c, unit), verdict(c, "level", unit.strip()).text,
-                     duration(statistics.mean(r.wall_time_s for r in g.runs.values()))])
-        exact_eval = g.values(spec["metric"], spec["split"] + "_exact")
-        if exact_eval:
-            trained = spec["diff"](ref, exact_eval)
-            split_rows.append([task, str(T), mode, method, _show(vals, scale), _show(exact_eval, scale),
-                               _show(ref, scale), _paired(trained, unit), verdict(trained, "level", unit.strip()).text,
-                               _paired(spec["diff"](exact_eval, vals), unit)])
-    if not rows:
-        return []
-    lines = ["## Trained through samplers", "",
-             "Each sampler-trained model against the same grid point (task, T, mode, seeds) trained with exact "
-             "marginals. Metric: validation perplexity (Shakespeare, all positions) or test accuracy (brackets), "
-             "mean ± std over seeds; 'vs softmax' is the Δ of the report's tables (% or points, positive = better "
-             "than softmax); 'sampler − exact' is paired over seeds (positive = the sampler-trained model is "
-             "better). Wall time: mean per run.", "",
-             md_table(["task", "T", "mode", "method", "options", "exact", "sampler", "exact vs softmax",
-                       "sampler vs softmax", "sampler − exact", "level with exact?", "time per run"], rows), ""]
-    if split_rows:
-        lines += ["### Training or evaluation?", "",
-                  "The sampler-trained weights evaluated twice: through their sampler (as above) and with exact "
-                  "marginals. 'training' compares the second with the exact-trained model; 'evaluation' compares "
-                  "the two evaluations of the same weights. The weights were fitted to their sampler's "
-                  "distribution, which for DQA is not the Boltzmann one, so exact marginals can be the worse "
-                  "evaluation: a large 'evaluation' difference means the model relies on what its sampler does, "
-                  "not that the sampler is noisy. Paired over seeds, positive = the first named is better.", "",
-                  md_table(["task", "T", "mode", "method", "sampler-trained, sampler eval",
-                            "sampler-trained, exact eval", "exact-trained", "training: exact eval − exact-trained",
-                            "level?", "evaluation: sampler eval − exact eval"], split_rows), ""]
-    return lines
-
-
-# ------------------------------------------------------------------------------- DQA's two regimes (issue 15)
+# ------------------------------------------------------------------------------------- DQA's two regimes
 
 DQA_DEFAULT_GRADIENT = inspect.signature(dqa_marginals).parameters["gradient"].default
 REGIME_CLAIMS = (

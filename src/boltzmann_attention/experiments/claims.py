@@ -1,34 +1,24 @@
-"""The paper's tables and claims (arXiv:2606.12478): profiles ``quick`` and ``full``, and their report.
+"""The paper's numbers and claims (Kim & Park, arXiv:2606.12478), each checked against measured runs.
 
-The report holds the measured tables next to the paper's numbers, then "Agreement with the paper", claim by
-claim with paired t-tests over seeds, and "Extension past the paper" when Shakespeare runs with T > 14 exist.
-It is also the report of any results folder that no other study claims (a plain ``sweep``).
+A claim reads the runs of variant ``base`` (and ``noffn`` for the FFN ablation) of a :class:`.results.Results`,
+so a study checks the paper's claims on its own runs by relabelling them. :func:`agreement_section` renders
+claims as a report section, :func:`extension_section` Shakespeare past the paper's largest window, and
+:func:`claims_beside` two sets of verdicts side by side.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from ..report import (
-    Verdict,
-    brackets_section,
-    coupling_table,
-    couplings_section,
-    header_section,
-    shakespeare_section,
-    summarize,
-    verdict,
-)
-from ..results import Results
-from ..stats import ALPHA, Paired, combine, fit_line, point_difference, relative_improvement, stat
-from ..sweep import DEFAULT_MODES, Grid, with_field_bias
-from ..tables import fmt_comparison, fmt_direction, fmt_num, fmt_or, fmt_p, md_table
+from .report import Verdict, coupling_table, summarize, verdict
+from .results import Results
+from .stats import ALPHA, Paired, combine, fit_line, point_difference, relative_improvement, stat
+from .tables import fmt_comparison, fmt_direction, fmt_num, fmt_or, fmt_p, md_table
 
-# The paper's numbers, as summarised in shared/docs/BOLTZMANN_ATTENTION.md.
+# The paper's numbers.
 # Shakespeare: relative improvement of validation perplexity over softmax, percent (positive = better).
 PAPER_SHAKESPEARE_RELATIVE = {
     ("h+J", 4): -0.02, ("h+J", 6): 0.43, ("h+J", 8): 0.81, ("h+J", 10): 0.92, ("h+J", 12): 1.08,
@@ -38,58 +28,9 @@ PAPER_SHAKESPEARE_RELATIVE = {
 PAPER_BRACKETS_ACCURACY = {("h+J", 16): 95.97, ("softmax", 16): 93.08, ("h", 16): 90.06, ("J", 16): 87.42}
 PAPER = {"shakespeare": PAPER_SHAKESPEARE_RELATIVE, "brackets": PAPER_BRACKETS_ACCURACY}
 
-PAPER_MODES = DEFAULT_MODES
 PAPER_MAX_T = 14          # the largest Shakespeare window in the paper
 STABLE_CORRELATION = 0.5  # seed-to-seed correlation of J above which the structure counts as stable
 
-
-# ---------------------------------------------------------------------------------------------------- grids
-
-def quick(field_bias: str) -> list[Grid]:
-    """A smoke test of about 15 minutes on 2 cores: one seed, 1000 steps (its verdicts mean little)."""
-    return with_field_bias([
-        Grid(("shakespeare",), (4, 8), seeds=(0,), overrides={"steps": 1000, "eval_interval": 250}),
-        Grid(("brackets",), (8,), seeds=(0,), overrides={"steps": 1000, "eval_interval": 250})], field_bias)
-
-
-def full(field_bias: str) -> list[Grid]:
-    """The paper's tables: both tasks over its windows, the bracket ablation without the FFN, the three-body
-    modes, and Shakespeare past the paper (T = 16, 20, one seed)."""
-    return with_field_bias([
-        Grid(("shakespeare",), (4, 6, 8, 10, 12, 14)),
-        Grid(("brackets",), (4, 6, 8, 10, 12, 14, 16)),
-        Grid(("brackets",), (8, 12, 16), variant="noffn", overrides={"d_ff": 0}),
-        Grid(("shakespeare", "brackets"), (8, 12), modes=("h+K", "h+J+K")),
-        Grid(("shakespeare",), (16, 20), modes=("softmax", "h+J", "h"), seeds=(0,)),
-    ], field_bias)
-
-
-PROFILES = {"quick": quick, "full": full}
-
-
-# ---------------------------------------------------------------------------------------------------- report
-
-def owns(res: Results) -> bool:
-    """The paper's report is the default: it takes any results folder."""
-    return True
-
-
-def report(res: Results, results_dir: Path, out: Path) -> list[str]:
-    """Header, the sampler comparison if sampler-trained runs are present, the task tables with the paper's
-    numbers, the learned couplings, and (for variant base) the paper's claims and the extension past it."""
-    from .sampling import sampler_section
-
-    lines = header_section(res, results_dir)
-    lines += sampler_section(res)
-    if "shakespeare" in res.tasks():
-        lines += shakespeare_section(res, out, PAPER["shakespeare"])
-    if "brackets" in res.tasks():
-        lines += brackets_section(res, out, PAPER["brackets"])
-    lines += couplings_section(res, out)
-    if any(r.variant == "base" for r in res.runs):  # the paper's claims are checked on the base variant only
-        lines += agreement_section(res)
-        lines += extension_section(res)
-    return lines
 
 
 def paper_shakespeare(mode: str, T: int) -> float | None:
@@ -392,3 +333,6 @@ def _growth_statement(measured: dict[int, Paired], beyond: list[int]) -> str:
     return f"{head}: the advantage {trend}{noise}."
 
 
+def claims_beside(header: list[str], before: list[Claim], after: list[Claim]) -> str:
+    """A table of two sets of the paper's claims, verdict beside verdict."""
+    return md_table(["claim", *header], [[b.title, a.summary, b.summary] for a, b in zip(before, after)])

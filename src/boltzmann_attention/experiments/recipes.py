@@ -1,0 +1,34 @@
+"""Training recipes that several studies share: nanoGPT's configuration and its reference loss, the strong
+recipe (the initialisation and each mode's learning rate the baselines study chose), the settings of J's
+sensitivity, and the sampler settings of training through samplers.
+
+Plain values, no study imported: a study reuses a recipe by importing it from here. The baselines study
+records the decisions behind ``CHOSEN_INIT`` and ``BEST_LR`` in its ``decisions.json`` (a test keeps the two
+equal); nanoGPT's values are from its ``config/train_shakespeare_char.py`` with the README's CPU overrides.
+"""
+
+from __future__ import annotations
+
+# nanoGPT's CPU configuration for Tiny Shakespeare (characters), as TrainConfig overrides, at window NANOGPT_T.
+NANOGPT = {"batch_size": 12, "steps": 2000, "lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 0.1, "beta2": 0.99,
+           "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 250, "d_model": 128, "n_heads": 4,
+           "n_layers": 4, "d_ff": 512, "init": "gpt2", "fused_optimizer": False}
+NANOGPT_T = 64
+NANOGPT_LOSS = 1.88  # nanoGPT's README: "validation loss of about 1.88" for this configuration
+
+# The strong recipe: nanoGPT's initialisation and each mode's best learning rate (Shakespeare, T = 8 and 12).
+CHOSEN_INIT = "gpt2"
+BEST_LR: dict[str, float] = {"softmax": 3e-3, "h": 3e-3, "J": 1e-2, "h+J": 3e-3}  # mode -> lr
+
+# The sensitivity of J: its learning-rate multipliers besides 1, and a small random initialisation N(0, std^2).
+J_LR_MULTIPLIERS = (0.3, 3.0)
+J_INIT_STD = 0.1
+
+# Sampler settings of models trained through samplers: DQA at the paper's 200 Trotter steps and 5 ns (the
+# defaults of ising.annealing) with its straight-through estimator; PT and Gibbs with few sweeps, since every
+# training step samples afresh. Gibbs with nudged gradients is gradient-free in J.
+TRAINING_SAMPLER_OPTIONS = {
+    "dqa": {"num_samples": 100, "gradient": "ste"},
+    "pt": {"num_samples": 64, "warmup": 16, "num_replicas": 4, "gradient": "covariance"},
+    "gibbs": {"num_samples": 64, "warmup": 16, "gradient": "nudged"},
+}
