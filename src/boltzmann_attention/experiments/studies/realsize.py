@@ -50,7 +50,7 @@ not converge in its 500 iterations) while the exact methods cost the same at any
 below: **window16** (`FASTEST`), 352 ms at batch 3 against mean field's 1901 ms (322 ms at J = 0, where it
 is the faster of the two) and banded8's 4976 ms.
 
-Step times, measured at 13:12-13:18 UTC on 2026-12-01 with :func:`time_steps` (one process, one thread,
+Step times, measured at 13:12-13:18 UTC on 2026-12-01 with ``benchmarks.training.time_steps`` (one process, one thread,
 OMP_NUM_THREADS=1, nice 5, all arms of a table side by side, interleaved: 2 warm-up steps then 3 rounds of 10
 steps per arm at T = 64; 1 warm-up step then 2 rounds of 4 steps at T = 256) on the 2-core machine **while a
 training sweep ran on it at a higher priority** (load average about 3): the absolute times are inflated,
@@ -107,18 +107,15 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from ..report import header_section, lr_decision_notes
 from ..results import Results
 from ..stats import millinats, paired, relative, stat
 from ..sweep import Grid, with_field_bias
 from ..tables import fmt_interval, fmt_num, fmt_stat, md_table, table_with_holm
-from ..train import TrainConfig, setup_run, train_step
+from ..train import TrainConfig
 from .baselines import NANOGPT, NANOGPT_LOSS, NANOGPT_T
 from .brackets import beyond
 
@@ -226,45 +223,6 @@ def realsize_grids(field_bias: str) -> list[Grid]:
 
 
 PROFILES = {"realsize": realsize_grids}
-
-
-# ------------------------------------------------------------------------------------------- step times
-
-def time_steps(configs: dict[str, TrainConfig], steps: int = 10, rounds: int = 3, warmup: int = 2,
-               threads: int = 1) -> dict[str, list[float]]:
-    """Seconds per training step of each config, side by side in this process: each is built (as a run
-    builds it) and makes ``warmup`` steps, then in each of ``rounds`` rounds every config in turn makes
-    ``steps`` steps, so that a change in the machine's load hits them alike. Returns {name: [seconds per
-    step, one per round]}. Sets torch's threads to ``threads``."""
-    torch.set_num_threads(threads)
-    runs = {name: setup_run(cfg) for name, cfg in configs.items()}
-
-    def run(name: str, n: int) -> float:
-        task, model, optimizer, _, generator = runs[name]
-        start = time.perf_counter()
-        for _ in range(n):
-            train_step(model, model, optimizer, *task.batch(configs[name].batch_size, generator), configs[name])
-        return (time.perf_counter() - start) / n
-
-    for name in runs:
-        run(name, warmup)
-    out = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name in runs:
-            out[name].append(run(name, steps))
-    return out
-
-
-def timing_table(times: dict[str, list[float]], reference: str = "softmax") -> str:
-    """``time_steps``'s measurement as text: ms per step (median of the rounds, and their range) and the
-    ratio of the medians to ``reference``'s."""
-    ref = statistics.median(times[reference]) if reference in times else None
-    lines = []
-    for name, values in times.items():
-        m = statistics.median(values)
-        ratio = f"{m / ref:6.1f}" if ref else ""
-        lines.append(f"{name:<32} {1000 * m:8.1f} ({1000 * min(values):.1f}-{1000 * max(values):.1f}) {ratio}")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------- report

@@ -1,7 +1,7 @@
 """Models trained through samplers (DQA, PT, Gibbs) against the same models trained with exact marginals:
 profiles ``sampling`` and ``dqa-boltzmann`` and their report.
 
-The sampler settings are the library's (:data:`boltzmann_attention.benchmark.TRAINING_SAMPLER_OPTIONS`), so
+The sampler settings are the benchmarks' (:data:`experiments.benchmarks.approximations.TRAINING_SAMPLER_OPTIONS`), so
 the benchmark measures the samplers as they are trained here. ``sampling`` ran DQA at energy scale 1, its
 near-adiabatic regime; ``dqa-boltzmann`` (issue 15) runs it at the energy scale calibrated to approximate
 exp(-E) (``target_beta=1.0``, see ``ising.annealing.calibrate_energy_scale``). Both profiles' runs can share
@@ -16,8 +16,8 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from ...benchmark import TRAINING_SAMPLER_OPTIONS
 from ...ising.annealing import ANNEAL_OPTIONS, dqa_marginals
+from ..benchmarks.approximations import TRAINING_SAMPLER_OPTIONS
 from ..report import (
     TASK_METRICS,
     brackets_section,
