@@ -355,9 +355,9 @@ def test_grid_throughput_smoke_run(capsys, deadline):
     out = _bench(capsys, "grid-throughput", "--before", str(ROOT), "--after", str(ROOT), "--profile", "quick",
                  "--steps", "1", "--rounds", "1")
     assert out.startswith("Machine: ") and "profile quick, 12 runs in 12 configurations" in out
-    rows = _table_rows(out, "| task | T | mode | d_ff | before ms | after ms | after / before |")
-    assert len(rows) == 12 and all(re.fullmatch(r"\| \w+ \| \d+ \| [\w+]+ \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+x \|", r)
-                                   for r in rows)
+    rows = _table_rows(out, "| task | T | mode | method | couplings | d_ff | before ms | after ms | after / before |")
+    row = r"\| \w+ \| \d+ \| [\w+]+ \| exact \| full \| 128 \| [\d.]+ \| [\d.]+ \| [\d.]+x \|"
+    assert len(rows) == 12 and all(re.fullmatch(row, r) for r in rows)
     assert "Median step ratio over configurations: " in out
 
 
@@ -371,6 +371,35 @@ def test_grid_throughput_names_the_tree_that_failed(tmp_path):
     (tmp_path / "src" / "boltzmann_attention" / "__init__.py").write_text("")  # the package, without experiments
     with pytest.raises(RuntimeError, match="failed \\(exit code 1\\): ModuleNotFoundError"):
         training.grid_step_times(config, {"before": tmp_path}, 1, 1)
+
+
+def test_grid_configurations_split_by_step_cost_only():
+    """Runs that differ in couplings are timed apart; runs that differ in lr, seed or length share a timing."""
+    from boltzmann_attention.experiments.train import TrainConfig
+
+    base = TrainConfig(T=64, mode="h+J", method="exact", coupling="window", coupling_window=16)
+    assert training.step_key(base) == training.step_key(TrainConfig(**{**base.__dict__, "lr": 1e-2, "seed": 2,
+                                                                      "steps": 9}))
+    relative = TrainConfig(T=64, mode="h+J", method="banded", coupling="relative", coupling_range=8)
+    assert training.step_key(base) != training.step_key(TrainConfig(**{**base.__dict__, "coupling_window": 8}))
+    assert training._couplings(training.step_key(base)) == "window 16"
+    assert training._couplings(training.step_key(relative)) == "relative 8"
+    configs, runs = training.grid_configurations("realsize")
+    assert len({training._couplings(c) for c in configs}) >= 3 and len(runs) > len(configs)
+    assert all(0 <= i < len(configs) and steps > 0 for i, steps in runs)
+
+
+def test_grid_tree_without_a_needed_field_is_refused_by_name(monkeypatch):
+    """A field the tree's TrainConfig lacks is dropped where it holds the default and refused otherwise."""
+    from boltzmann_attention.experiments.train import TrainConfig
+
+    config = {**training.step_key(TrainConfig(T=4, batch_size=2, d_model=8, d_ff=8)), "no_such_field": 3}
+    with pytest.raises(RuntimeError, match=r"has no field for \{'no_such_field': 3\}"):
+        training.grid_step_times([config], {"after": ROOT}, 1, 1)
+    defaults = training._defaults()
+    monkeypatch.setattr(training, "_defaults", lambda: {**defaults, "no_such_field": 3})
+    times = training.grid_step_times([config], {"after": ROOT}, 1, 1)
+    assert len(times["after"]) == 1 and times["after"][0] > 0
 
 
 def test_time_steps_rounds_are_interleaved(monkeypatch):

@@ -8,6 +8,7 @@ or two processes at once for two trees), so its ratios are side by side on a sha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -105,10 +106,14 @@ if not pathlib.Path(boltzmann_attention.__file__ or "/").resolve().is_relative_t
 from boltzmann_attention.experiments.model import Model, loss_fn
 from boltzmann_attention.experiments.train import Task, TrainConfig, build_optimizer
 torch.set_num_threads(1)
-configs, steps, rounds = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+configs, steps, rounds, defaults = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[5])
+known = set(TrainConfig.__dataclass_fields__)
 setups = []
-for c in configs:
-    cfg = TrainConfig(**c)
+for c in configs:  # fields this tree does not have are dropped where they hold the default, refused otherwise
+    needed = {k: v for k, v in c.items() if k not in known and v != defaults.get(k)}
+    if needed:
+        sys.exit(f"this tree's TrainConfig has no field for {needed}")
+    cfg = TrainConfig(**{k: v for k, v in c.items() if k in known})
     task = Task(cfg)
     torch.manual_seed(0)
     model = Model(cfg.model_config(task.vocab_size))
@@ -130,23 +135,41 @@ out = [statistics.median(t) for t in times]
 print(json.dumps(out))
 """
 
-# TrainConfig fields that change the step's cost (the rest, e.g. lr, only its numbers)
-COST_FIELDS = ("task", "T", "mode", "method", "d_model", "n_heads", "n_layers", "d_ff", "batch_size")
+# TrainConfig fields that change a run's numbers or length, not the cost of one of its steps
+NUMBERS_ONLY = ("seed", "steps", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "eval_interval",
+                "eval_windows", "coupling_lr_multiplier", "memory_probe_steps")
+
+
+def step_key(cfg: TrainConfig) -> dict:
+    """The fields of ``cfg`` that may change the cost of a training step (all but ``NUMBERS_ONLY``)."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in NUMBERS_ONLY}
+
+
+def _defaults() -> dict:
+    """TrainConfig's default of every field of :func:`step_key`."""
+    return step_key(TrainConfig())
 
 
 def grid_configurations(profile: str) -> tuple[list[dict], list[tuple[int, int]]]:
-    """The profile's distinct step configurations (their ``COST_FIELDS``), and per run (index of its
+    """The profile's distinct step configurations (their :func:`step_key`), and per run (index of its
     configuration, its steps)."""
     from ..studies import profile as grids  # lazily: only this measurement needs the studies
 
     configs, runs = [], []
     for grid in grids(profile):
         for _, cfg in grid.runs():
-            key = {f: getattr(cfg, f) for f in COST_FIELDS}
+            key = step_key(cfg)
             if key not in configs:
                 configs.append(key)
             runs.append((configs.index(key), cfg.steps))
     return configs, runs
+
+
+def _couplings(c: dict) -> str:
+    """'full', 'relative 8', 'window 16' or 'window 16 relative'."""
+    if c["coupling"] == "window":
+        return f"window {c['coupling_window']}" + (" relative" if c["coupling_window_relative"] else "")
+    return c["coupling"] + (f" {c['coupling_range']}" if c["coupling"] == "relative" and c["coupling_range"] else "")
 
 
 def tree_commit(tree: Path) -> str:
@@ -160,10 +183,11 @@ def grid_step_times(configs: list[dict], trees: dict[str, Path], steps: int, rou
     per tree (its ``src`` first on the path, and the package imported from there, not from an installed
     copy), all at once, one thread each. RuntimeError naming the tree when its process fails."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    procs = {name: subprocess.Popen([sys.executable, "-c", GRID_MEASURE, json.dumps(configs), str(steps),
-                                     str(rounds), str(tree / "src")], env={**env, "PYTHONPATH": str(tree / "src")},
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, tree in trees.items()}
+    procs = {}
+    for name, tree in trees.items():
+        argv = [GRID_MEASURE, json.dumps(configs), str(steps), str(rounds), str(tree / "src"), json.dumps(_defaults())]
+        procs[name] = subprocess.Popen([sys.executable, "-c", *argv], env={**env, "PYTHONPATH": str(tree / "src")},
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, failed = {}, []
     for name, proc in procs.items():
         stdout, stderr = proc.communicate()
@@ -192,11 +216,12 @@ def grid_throughput_report(profile: str, before: Path, after: Path, steps: int, 
              f"({trees['after']}); profile {profile}, {len(runs)} runs in {len(configs)} configurations, median of "
              f"{rounds} rounds x {steps} steps, 1 thread per process, both processes at once; load average "
              f"{os.getloadavg()[0]:.2f} at the end; {time.time() - start:.0f} s", "",
-             "| task | T | mode | d_ff | before ms | after ms | after / before |", "|---|---|---|---|---|---|---|"]
+             "| task | T | mode | method | couplings | d_ff | before ms | after ms | after / before |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for i, c in enumerate(configs):
         b, a = step["before"][i], step["after"][i]
-        lines.append(f"| {c['task']} | {c['T']} | {c['mode']} | {c['d_ff']} | {1e3 * b:.2f} | {1e3 * a:.2f} | "
-                     f"{a / b:.2f}x |")
+        lines.append(f"| {c['task']} | {c['T']} | {c['mode']} | {c['method']} | {_couplings(c)} | {c['d_ff']} | "
+                     f"{1e3 * b:.2f} | {1e3 * a:.2f} | {a / b:.2f}x |")
     total = {name: sum(n * s[i] for i, n in runs) for name, s in step.items()}
     lines += ["", f"Grid's training steps, summed over runs: before {total['before'] / 3600:.2f} h, after "
               f"{total['after'] / 3600:.2f} h ({total['after'] / total['before']:.2f}x); with 2 jobs the wall time "
