@@ -1,4 +1,5 @@
-"""Every benchmark of the package, run by the ``boltzmann-attention-bench`` command (:mod:`.cli`).
+"""Every benchmark of the package, run by the ``boltzmann-attention-bench`` command (:mod:`.cli`; also
+``python -m boltzmann_attention.experiments.benchmarks``).
 
 - :mod:`.common`: the stamp (machine, threads, load, torch, commit), side-by-side timing, ratio wording.
 - :mod:`.layers`: attention layers: each marginal method inside attention against naive enumeration and SDPA,
