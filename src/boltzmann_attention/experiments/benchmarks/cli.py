@@ -156,20 +156,18 @@ def _write_json(path: str | None, data: dict, indent: int | None = 1) -> None:
 
 def run_methods(args) -> None:
     stamp = machine_stamp(args.threads)
+    step_options = {"sizes": (4, 8, 12, 16) if args.quick or args.targets else range(4, 17)}
     if args.smoke:
-        cases, step_sizes, step_options = layers.smoke_cases(), (4,), {"rounds": 1, "batch": 4}
-    elif args.targets:
-        cases, step_sizes, step_options = layers.target_cases(), (4, 8, 12, 16), {}
+        cases, step_options = layers.smoke_cases(), {"sizes": (4,), "rounds": 1, "batch": 4}
     else:
-        cases, step_sizes, step_options = layers.default_cases(args.quick), (4, 8, 12, 16) if args.quick \
-            else range(4, 17), {}
+        cases = layers.target_cases() if args.targets else layers.default_cases(args.quick)
     results = []
     for case in cases:
         results.append(layers.run_case(case, args.threads))
         r = results[-1]
         print(f"  {case.method:9s} T={case.T:<5d} B={case.B:<3d} causal={case.causal!s:5s} "
               f"{1e3 * r.seconds:9.1f} ms {r.peak_mb:7.0f} MB", flush=True)
-    steps = None if args.no_steps else training.training_step_rows(sizes=step_sizes, **step_options)
+    steps = None if args.no_steps else training.training_step_rows(**step_options)
     print()
     print(layers.format_table(results, stamp))
     if steps:
@@ -184,15 +182,14 @@ def run_methods(args) -> None:
 def run_approximations(args) -> None:
     stamp = machine_stamp(args.threads)
     print(stamp_line(stamp) + "\n")
-    small = {"queries": 2} if args.smoke else {}
+    accuracy_options = {"sizes": (4,), "queries": 2} if args.smoke else {}
+    scaling_options = {"sizes": (6, 12), "queries": 2, "bandwidth": 2} if args.smoke else {}
     accuracy = scaling = None
     if args.only in (None, "accuracy"):
-        accuracy = approximations.accuracy_rows(**({"sizes": (4,)} | small if args.smoke else {}),
-                                                threads=args.threads)
+        accuracy = approximations.accuracy_rows(**accuracy_options, threads=args.threads)
         print(approximations.accuracy_table(accuracy) + "\n", flush=True)
     if args.only in (None, "scaling"):
-        scaling = approximations.scaling_rows(**({"sizes": (6, 12), "bandwidth": 2} | small if args.smoke else {}),
-                                              threads=args.threads)
+        scaling = approximations.scaling_rows(**scaling_options, threads=args.threads)
         print(approximations.scaling_table(scaling) + "\n", flush=True)
     if args.plot:
         approximations.plot_rows(accuracy, scaling, args.plot)
