@@ -146,6 +146,8 @@ BAD_VALUES = [("methods", "--threads", "0"), ("methods", "--threads", "-1"), ("a
               ("window", "--threads", "1", "0"), ("window", "--repeats", "0"), ("window", "--T", "0"),
               ("window", "--B", "0"), ("window", "--W", "0"), ("banded", "--heads", "0"),
               ("banded", "--d-model", "0"), ("banded", "--repeats", "two"),
+              ("steps", "--sizes", "4", "0"), ("steps", "--batch", "0"), ("steps", "--rounds", "0"),
+              ("steps", "--profile", "quick", "--steps", "0"), ("steps", "--warmup", "-2"),
               ("grid-throughput", "--before", ".", "--steps", "0"),
               ("grid-throughput", "--before", ".", "--rounds", "0")]
 
@@ -158,11 +160,11 @@ def test_bad_values_are_refused_before_any_work(argv, monkeypatch, capsys):
         cli.main(list(argv))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    flag = next(a for a in argv if a.startswith("--") and a not in ("--before",))
+    flag = [a for a in argv if a.startswith("--")][-1]  # the flag of the bad value, which comes last
     assert re.search(rf"argument {re.escape(flag)}\b.*(must be >= 1|expected an integer >= 1)", err), err
 
 
-COMMAND_FUNCTIONS = ("methods", "approximations", "window", "banded", "grid-throughput", "dqa-calibration")
+COMMAND_FUNCTIONS = ("methods", "steps", "approximations", "window", "banded", "grid-throughput", "dqa-calibration")
 
 
 def test_threads_zero_exits_at_once_in_a_fresh_process():
@@ -298,6 +300,42 @@ def test_methods_smoke_run(capsys, tmp_path, deadline):
                      r"(faster|slower) \|", rows[0], flags=re.M)
     assert "| T | softmax ms | h ms | h+J ms | h vs softmax | h+J vs softmax |" in out
     assert out.splitlines()[-1] == "(no target's rows were measured)"
+
+
+def test_steps_smoke_run_of_the_papers_model(capsys, tmp_path):
+    out = _bench(capsys, "steps", "--sizes", "4", "--batch", "2", "--rounds", "1", "--warmup", "1", "--json",
+                 str(tmp_path / "s.json"))
+    assert out.startswith("Machine: ") and "(batch 2), median of 1 interleaved rounds" in out
+    rows = _table_rows(out, "| T | softmax ms | h ms | h+J ms | h vs softmax | h+J vs softmax |")
+    assert len(rows) == 1 and rows[0].startswith("| 4 | ")
+    assert [r["T"] for r in json.loads((tmp_path / "s.json").read_text())["steps"]] == [4]
+
+
+def test_steps_smoke_run_of_a_profile(capsys):
+    out = _bench(capsys, "steps", "--profile", "quick", "--match", "T4-h", "--steps", "1", "--rounds", "2",
+                 "--warmup", "1")
+    lines = out.splitlines()
+    assert lines[0].startswith("Machine: ") and "Profile quick: 2 step configurations" in lines[1]
+    assert "the ratio to shakespeare-T4-h+J-exact-base" in lines[1]  # no softmax among them: the first
+    names = [line.split()[0] for line in lines[3:]]
+    assert names == ["shakespeare-T4-h+J-exact-base", "shakespeare-T4-h-exact-base"]
+    assert lines[3].split()[-1] == "1.0" and re.fullmatch(r"[\d.]+", lines[4].split()[-1])
+
+
+def test_steps_refuses_match_without_profile_and_an_unknown_profile(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["steps", "--match", "x"])
+    assert "--match applies with --profile only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["steps", "--profile", "nope"])
+    assert "--profile 'nope': choose one of" in capsys.readouterr().err
+
+
+def test_profile_step_configs_one_per_step_configuration():
+    configs = training.profile_step_configs("quick")
+    assert len(configs) == len(training.grid_configurations("quick")[0]) == 12
+    assert all(not re.search(r"-s\d+$", name) for name in configs)
+    assert set(training.profile_step_configs("quick", "brackets")) == {n for n in configs if "brackets" in n}
 
 
 def test_approximations_smoke_run(capsys):

@@ -1,6 +1,7 @@
 """The boltzmann-attention-bench command: every benchmark of the package, one subcommand each.
 
     boltzmann-attention-bench methods [--quick | --targets | --smoke] [--threads N] [--json PATH]
+    boltzmann-attention-bench steps [--sizes 4 8 12 16] [--batch 64] | steps --profile NAME [--match TEXT]
     boltzmann-attention-bench approximations [--only accuracy | scaling] [--plot PNG] [--json PATH]
     boltzmann-attention-bench window [--T 1024] [--B 8] [--W 16] [--threads 1 2] [--repeats 5]
     boltzmann-attention-bench banded [--baseline COMMIT] [--T 1024] [--heads 1] [--d-model 64]
@@ -20,6 +21,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from ..tables import plural
 from ..train import check_output_path
 from . import approximations, dqa, layers, training
 from .common import machine_stamp, stamp_line
@@ -45,7 +47,7 @@ def _command(sub, name: str, text: str) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="boltzmann-attention-bench", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:9]))
+                                     epilog="\n".join(__doc__.splitlines()[2:10]))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = _command(sub, "methods", "fwd+bwd time and peak memory of each marginal method inside attention, the "
@@ -63,6 +65,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch threads per measured process; 1 on a machine shared with other jobs, where two "
                         "processes of 2 threads on 2 cores spin (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the results to this JSON file (default: none)")
+
+    p = _command(sub, "steps", "training steps side by side: the paper's model per mode and window T, or with "
+                               "--profile every distinct step configuration of a profile's runs")
+    p.add_argument("--profile", help="time this profile's step configurations instead (default: none, the paper's "
+                                     "model)")
+    p.add_argument("--match", metavar="TEXT",
+                   help="with --profile: only the configurations whose run name contains TEXT (default: all)")
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=list(range(4, 17)),
+                   help="without --profile: the windows T (default: 4 to 16)")
+    p.add_argument("--batch", type=positive_int, default=64,
+                   help="without --profile: batch size (default: %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=10,
+                   help="with --profile: steps per configuration and round (default: %(default)s)")
+    p.add_argument("--warmup", type=positive_int, default=2,
+                   help="warm-up steps per configuration (default: %(default)s)")
+    p.add_argument("--rounds", type=positive_int,
+                   help="interleaved rounds over all candidates (default: 7, with --profile 3)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write the times to this JSON file (default: none)")
 
     p = _command(sub, "approximations", "marginal error against exact and wall time of every method, and forward "
                                         "time against n for the methods that scale")
@@ -142,10 +163,13 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             tree = getattr(args, flag)
             if not (tree / "src" / "boltzmann_attention").is_dir():
                 parser.error(f"--{flag} {tree}: not a checkout of this project (no src/boltzmann_attention)")
+    if args.command in ("grid-throughput", "steps") and args.profile is not None:
         from ..studies import PROFILES
 
         if args.profile not in PROFILES:
             parser.error(f"--profile {args.profile!r}: choose one of {', '.join(PROFILES)}")
+    if args.command == "steps" and args.profile is None and args.match is not None:
+        parser.error("--match applies with --profile only")
 
 
 def _write_json(path: str | None, data: dict, indent: int | None = 1) -> None:
@@ -177,6 +201,33 @@ def run_methods(args) -> None:
     print("\nTargets, ratios of this run:\n")
     print("\n".join(layers.target_lines(results, steps)) or "(no target's rows were measured)")
     _write_json(args.json, {"machine": stamp, "results": [asdict(r) for r in results], "steps": steps})
+
+
+def run_steps(args) -> None:
+    stamp = machine_stamp(args.threads)
+    args.rounds = args.rounds or (7 if args.profile is None else 3)
+    if args.profile is None:
+        rows = training.training_step_rows(sizes=args.sizes, batch=args.batch, rounds=args.rounds,
+                                           threads=args.threads, warmup=args.warmup)
+        print(stamp_line(stamp))
+        print(f"Training step of the paper's model (batch {args.batch}), median of {args.rounds} interleaved rounds "
+              "after the warm-up, wall ms:\n")
+        print(training.training_step_table(rows))
+        _write_json(args.json, {"machine": stamp, "steps": rows})
+        return
+    configs = training.profile_step_configs(args.profile, args.match)
+    if not configs:
+        sys.exit(f"no run of profile {args.profile} matches {args.match!r}")
+    times = training.time_steps(configs, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
+                                threads=args.threads)
+    reference = next((name for name, cfg in configs.items() if cfg.mode == "softmax"), next(iter(configs)))
+    print(stamp_line(stamp))
+    schedule = (f"{plural(args.warmup, 'warm-up step')} each, then {plural(args.rounds, 'interleaved round')} of "
+                f"{plural(args.steps, 'step')}")
+    print(f"Profile {args.profile}: {plural(len(configs), 'step configuration')}, {schedule}; ms per step, median "
+          f"of the rounds (their range), and the ratio to {reference}\n")
+    print(training.timing_table(times, reference))
+    _write_json(args.json, {"machine": stamp, "seconds_per_step": times})
 
 
 def run_approximations(args) -> None:
@@ -235,7 +286,7 @@ def run_dqa_calibration(args) -> None:
     print(f"wrote {Path(args.dir) / 'README.md'}")
 
 
-COMMANDS = {"methods": run_methods, "approximations": run_approximations, "window": run_window,
+COMMANDS = {"methods": run_methods, "steps": run_steps, "approximations": run_approximations, "window": run_window,
             "banded": run_window, "grid-throughput": run_grid_throughput, "dqa-calibration": run_dqa_calibration}
 
 

@@ -27,11 +27,11 @@ STEP_MODES = ("softmax", "h", "h+J")
 
 
 def training_step_rows(sizes=range(4, 17), modes=STEP_MODES, batch: int = 64, rounds: int = 7,
-                       vocab: int = 65, threads: int = 1) -> list[dict]:
+                       vocab: int = 65, threads: int = 1, warmup: int = 2) -> list[dict]:
     """Median wall time of one training step of the paper's model (1 layer, 1 head, d_model 64, d_ff 128)
     per mode and window T, batch ``batch``, ``threads`` threads (1: the setting under which two training
     processes share the 2 cores without OpenMP spinning). The modes are interleaved step by step
-    (``rounds`` rounds after two warm-up steps each). Returns one {T, mode: seconds, ...} per T.
+    (``rounds`` rounds after ``warmup`` steps each). Returns one {T, mode: seconds, ...} per T.
     """
     torch.set_num_threads(threads)
     rows = []
@@ -50,7 +50,7 @@ def training_step_rows(sizes=range(4, 17), modes=STEP_MODES, batch: int = 64, ro
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
             steps[mode] = step
-        rows.append({"T": T, **medians(interleaved(steps, rounds=rounds, warmup=2))})
+        rows.append({"T": T, **medians(interleaved(steps, rounds=rounds, warmup=warmup))})
     return rows
 
 
@@ -87,11 +87,12 @@ def timing_table(times: dict[str, list[float]], reference: str = "softmax") -> s
     """``time_steps``'s measurement as text: ms per step (median of the rounds, and their range) and the
     ratio of the medians to ``reference``'s."""
     ref = statistics.median(times[reference]) if reference in times else None
+    width = max([32] + [len(name) for name in times])
     lines = []
     for name, values in times.items():
         m = statistics.median(values)
         ratio = f"{m / ref:6.1f}" if ref else ""
-        lines.append(f"{name:<32} {1000 * m:8.1f} ({1000 * min(values):.1f}-{1000 * max(values):.1f}) {ratio}")
+        lines.append(f"{name:<{width}} {1000 * m:8.1f} ({1000 * min(values):.1f}-{1000 * max(values):.1f}) {ratio}")
     return "\n".join(lines)
 
 
@@ -150,19 +151,35 @@ def _defaults() -> dict:
     return step_key(TrainConfig())
 
 
+def _profile_runs(profile: str) -> list[tuple[str, TrainConfig]]:
+    from ..studies import profile as grids  # lazily: only the profile measurements need the studies
+
+    return [run for grid in grids(profile) for run in grid.runs()]
+
+
 def grid_configurations(profile: str) -> tuple[list[dict], list[tuple[int, int]]]:
     """The profile's distinct step configurations (their :func:`step_key`), and per run (index of its
     configuration, its steps)."""
-    from ..studies import profile as grids  # lazily: only this measurement needs the studies
-
     configs, runs = [], []
-    for grid in grids(profile):
-        for _, cfg in grid.runs():
-            key = step_key(cfg)
-            if key not in configs:
-                configs.append(key)
-            runs.append((configs.index(key), cfg.steps))
+    for _, cfg in _profile_runs(profile):
+        key = step_key(cfg)
+        if key not in configs:
+            configs.append(key)
+        runs.append((configs.index(key), cfg.steps))
     return configs, runs
+
+
+def profile_step_configs(profile: str, match: str | None = None) -> dict[str, TrainConfig]:
+    """One config per distinct step configuration of ``profile`` (the first run that has it), named by that
+    run's name without its seed; with ``match``, only the names that contain it."""
+    out, seen = {}, []
+    for name, cfg in _profile_runs(profile):
+        key = step_key(cfg)
+        if key in seen or (match is not None and match not in name):
+            continue
+        seen.append(key)
+        out[name.rsplit("-s", 1)[0]] = cfg
+    return out
 
 
 def _couplings(c: dict) -> str:
