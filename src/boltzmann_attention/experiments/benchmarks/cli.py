@@ -1,11 +1,11 @@
 """The boltzmann-attention-bench command: every benchmark of the package, one subcommand each.
 
     boltzmann-attention-bench methods [--quick | --targets | --smoke] [--threads N] [--json PATH]
-    boltzmann-attention-bench steps [--sizes 4 8 12 16] [--batch 64] | steps --profile NAME [--match TEXT]
+    boltzmann-attention-bench steps [--sizes T ...] [--batch N] | steps --profile NAME [--match TEXT]
     boltzmann-attention-bench approximations [--only accuracy | scaling] [--plot PNG] [--json PATH]
-    boltzmann-attention-bench window [--T 1024] [--B 8] [--W 16] [--threads 1 2] [--repeats 5]
-    boltzmann-attention-bench banded [--baseline COMMIT] [--T 1024] [--heads 1] [--d-model 64]
-    boltzmann-attention-bench grid-throughput --before CHECKOUT [--after CHECKOUT] [--profile full]
+    boltzmann-attention-bench window [--T N] [--B N] [--W N] [--threads N ...] [--repeats N]
+    boltzmann-attention-bench banded [--baseline COMMIT] [--T N] [--heads N] [--d-model N]
+    boltzmann-attention-bench grid-throughput --before CHECKOUT [--after CHECKOUT] [--profile NAME]
     boltzmann-attention-bench dqa-calibration DIR [--quick]
 
 Every table starts with the stamp (machine, threads, load, torch, python, commit, time); every ratio in it is
