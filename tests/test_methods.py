@@ -47,7 +47,7 @@ def test_odd_sizes_agree_with_reference(method):
 
 def test_scaling_benchmark_rows_table_and_plot(tmp_path):
     """The time-against-n benchmark runs every scalable method (exact only while it can) and plots."""
-    from boltzmann_attention import benchmark
+    from boltzmann_attention.experiments.benchmarks import approximations as benchmark
 
     rows = benchmark.scaling_rows(sizes=(6, 30), queries=3, bandwidth=2)
     methods = {(r["method"], r["n"]) for r in rows}

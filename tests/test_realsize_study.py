@@ -256,9 +256,11 @@ def test_other_studies_runs_are_not_claimed(tmp_path):
 def test_step_times_are_measured_side_by_side():
     tiny = dict(T=8, batch_size=4, d_model=8, d_ff=8, warmup_steps=0, steps=5, eval_windows=4, fused_optimizer=False)
     configs = {"softmax": TrainConfig(mode="softmax", **tiny), "h": TrainConfig(mode="h", **tiny)}
-    times = realsize.time_steps(configs, steps=2, rounds=3, warmup=1)
+    from boltzmann_attention.experiments.benchmarks.training import time_steps, timing_table
+
+    times = time_steps(configs, steps=2, rounds=3, warmup=1)
     assert list(times) == ["softmax", "h"] and all(len(v) == 3 and min(v) > 0 for v in times.values())
-    lines = realsize.timing_table({"softmax": [0.1, 0.2, 0.3], "h": [0.4, 0.5, 0.9]}).splitlines()
+    lines = timing_table({"softmax": [0.1, 0.2, 0.3], "h": [0.4, 0.5, 0.9]}).splitlines()
     assert lines[0].split() == ["softmax", "200.0", "(100.0-300.0)", "1.0"]
     assert lines[1].split() == ["h", "500.0", "(400.0-900.0)", "2.5"]
 

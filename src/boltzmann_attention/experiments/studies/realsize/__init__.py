@@ -10,18 +10,15 @@ a mean-field run its solver's non-convergence, which the report states.
 The rules of each stage and the measurements behind each choice (step times, memory, cost) are in
 ``protocol.md``, which the report quotes; the decisions made from runs (the lrs added beyond an edge, diverged
 lrs, each arm's best lr, the fastest arm) in ``decisions.json``, handed to the grids and the report as
-:class:`Decisions`. :func:`time_steps` measures step times side by side.
+:class:`Decisions`. ``experiments.benchmarks.training.time_steps`` measures step times side by side.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
 
 from ...recipes import NANOGPT, NANOGPT_LOSS, NANOGPT_T
 from ...report import ReportContext, header_section, lr_decision_notes, protocol_sections
@@ -29,7 +26,7 @@ from ...results import Results
 from ...stats import millinats, paired, relative, stat
 from ...sweep import Grid, beyond, with_field_bias
 from ...tables import fmt_interval, fmt_num, fmt_stat, md_table, table_with_holm
-from ...train import TrainConfig, setup_run, train_step
+from ...train import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -137,45 +134,6 @@ def realsize_grids(field_bias: str, d: Decisions) -> list[Grid]:
 
 PROFILES = {"realsize": realsize_grids}
 HELP = {"realsize": "softmax, h and h+J in nanoGPT's CPU configuration"}
-
-
-# ------------------------------------------------------------------------------------------- step times
-
-def time_steps(configs: dict[str, TrainConfig], steps: int = 10, rounds: int = 3, warmup: int = 2,
-               threads: int = 1) -> dict[str, list[float]]:
-    """Seconds per training step of each config, side by side in this process: each is built (as a run
-    builds it) and makes ``warmup`` steps, then in each of ``rounds`` rounds every config in turn makes
-    ``steps`` steps, so that a change in the machine's load hits them alike. Returns {name: [seconds per
-    step, one per round]}. Sets torch's threads to ``threads``."""
-    torch.set_num_threads(threads)
-    runs = {name: setup_run(cfg) for name, cfg in configs.items()}
-
-    def run(name: str, n: int) -> float:
-        task, model, optimizer, _, generator = runs[name]
-        start = time.perf_counter()
-        for _ in range(n):
-            train_step(model, model, optimizer, *task.batch(configs[name].batch_size, generator), configs[name])
-        return (time.perf_counter() - start) / n
-
-    for name in runs:
-        run(name, warmup)
-    out = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name in runs:
-            out[name].append(run(name, steps))
-    return out
-
-
-def timing_table(times: dict[str, list[float]], reference: str = "softmax") -> str:
-    """``time_steps``'s measurement as text: ms per step (median of the rounds, and their range) and the
-    ratio of the medians to ``reference``'s."""
-    ref = statistics.median(times[reference]) if reference in times else None
-    lines = []
-    for name, values in times.items():
-        m = statistics.median(values)
-        ratio = f"{m / ref:6.1f}" if ref else ""
-        lines.append(f"{name:<32} {1000 * m:8.1f} ({1000 * min(values):.1f}-{1000 * max(values):.1f}) {ratio}")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------- report

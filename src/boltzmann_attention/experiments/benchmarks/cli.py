@@ -1,0 +1,301 @@
+"""The boltzmann-attention-bench command: every benchmark of the package, one subcommand each.
+
+    boltzmann-attention-bench methods [--quick | --targets | --smoke] [--threads N] [--json PATH]
+    boltzmann-attention-bench steps [--sizes T ...] [--batch N] | steps --profile NAME [--match TEXT]
+    boltzmann-attention-bench approximations [--only accuracy | scaling] [--plot PNG] [--json PATH]
+    boltzmann-attention-bench window [--T N] [--B N] [--W N] [--threads N ...] [--repeats N]
+    boltzmann-attention-bench banded [--baseline COMMIT] [--T N] [--heads N] [--d-model N]
+    boltzmann-attention-bench grid-throughput --before CHECKOUT [--after CHECKOUT] [--profile NAME]
+    boltzmann-attention-bench dqa-calibration DIR [--quick]
+
+Every table starts with the stamp (machine, threads, load, torch, python, commit, time); every ratio in it is
+between rows measured in the same run. Arguments and output paths are checked before anything is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from ..tables import plural
+from ..train import check_output_path
+from . import approximations, dqa, layers, training
+from .common import machine_stamp, stamp_line
+
+NO_MATPLOTLIB = '--plot needs matplotlib: pip install -e ".[experiments]"'
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _command(sub, name: str, text: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="boltzmann-attention-bench", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:10]))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _command(sub, "methods", "fwd+bwd time and peak memory of each marginal method inside attention, the "
+                                 "paper model's training step per mode, and the speed targets")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller sizes, about a minute (default: off)")
+    size.add_argument("--targets", action="store_true",
+                      help="only the rows the targets need (exact T = 16, 20, 24, naive T = 16) and the training "
+                           "steps at T = 4, 8, 12, 16 (default: off)")
+    size.add_argument("--smoke", action="store_true",
+                      help="the tiniest case of every kind of row, seconds: checks the command, measures nothing "
+                           "(default: off)")
+    p.add_argument("--no-steps", action="store_true", help="skip the training-step table (default: off)")
+    p.add_argument("--threads", type=positive_int, default=2,
+                   help="torch threads per measured process; 1 on a machine shared with other jobs, where two "
+                        "processes of 2 threads on 2 cores spin (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write the results to this JSON file (default: none)")
+
+    p = _command(sub, "steps", "training steps side by side: the paper's model per mode and window T, or with "
+                               "--profile every distinct step configuration of a profile's runs")
+    p.add_argument("--profile", help="time this profile's step configurations instead (default: none, the paper's "
+                                     "model)")
+    p.add_argument("--match", metavar="TEXT",
+                   help="with --profile: only the configurations whose run name contains TEXT (default: all)")
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=list(range(4, 17)),
+                   help="without --profile: the windows T (default: 4 to 16)")
+    p.add_argument("--batch", type=positive_int, default=64,
+                   help="without --profile: batch size (default: %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=10,
+                   help="with --profile: steps per configuration and round (default: %(default)s)")
+    p.add_argument("--warmup", type=positive_int, default=2,
+                   help="warm-up steps per configuration (default: %(default)s)")
+    p.add_argument("--rounds", type=positive_int,
+                   help="interleaved rounds over all candidates (default: 7, with --profile 3)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write the times to this JSON file (default: none)")
+
+    p = _command(sub, "approximations", "marginal error against exact and wall time of every method, and forward "
+                                        "time against n for the methods that scale")
+    p.add_argument("--only", choices=("accuracy", "scaling"),
+                   help="only one of the two tables (default: both)")
+    p.add_argument("--smoke", action="store_true",
+                   help="n = 4 (accuracy) and 6, 12 (scaling), 2 queries: checks the command (default: off)")
+    p.add_argument("--threads", type=positive_int, default=2, help="torch threads (default: %(default)s)")
+    p.add_argument("--plot", metavar="PNG", help="also plot the tables into this PNG file (default: none)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows to this JSON file (default: none)")
+
+    for name, text in (("window", "the coupled window and Toeplitz mean field / TAP layers against mode h, "
+                                  "their solver iterations, and their errors against banded exact"),
+                       ("banded", "mode h against the banded exact layer (range 8), optionally against "
+                                  "ising/banded.py of an earlier commit")):
+        p = _command(sub, name, text)
+        p.add_argument("--T", type=positive_int, default=1024, help="sequence length (default: %(default)s)")
+        p.add_argument("--B", type=positive_int, default=8, help="batch size (default: %(default)s)")
+        p.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2],
+                       help="torch thread counts, one table column each (default: 1 2)")
+        p.add_argument("--repeats", type=positive_int, default=5,
+                       help="alternating rounds of one step per layer (default: %(default)s)")
+        p.add_argument("--json", metavar="PATH", help="also write the times to this JSON file (default: none)")
+        if name == "window":
+            p.add_argument("--W", type=positive_int, default=16, help="coupled window length (default: %(default)s)")
+            p.add_argument("--no-accuracy", action="store_true",
+                           help="skip the error table against banded exact (default: off)")
+        else:
+            p.add_argument("--baseline", metavar="COMMIT",
+                           help="also time the layer through ising/banded.py as it was at COMMIT of the git "
+                                "repository of the current folder (default: none)")
+            p.add_argument("--heads", type=positive_int, default=1, help="heads of both layers (default: %(default)s)")
+            p.add_argument("--d-model", type=positive_int, default=64,
+                           help="model width of both layers (default: %(default)s)")
+
+    p = _command(sub, "grid-throughput", "the time a profile's grid spends in training steps, in two source trees "
+                                         "side by side (two processes at once, one thread each)")
+    p.add_argument("--before", type=Path, required=True, metavar="CHECKOUT",
+                   help="checkout of the old version, a folder with src/boltzmann_attention (required)")
+    p.add_argument("--after", type=Path, default=Path(__file__).resolve().parents[4], metavar="CHECKOUT",
+                   help="checkout of the new version (default: the one this command runs from)")
+    p.add_argument("--profile", default="full", help="the profile whose grid is timed (default: %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=6,
+                   help="timed steps per configuration and round (default: %(default)s)")
+    p.add_argument("--rounds", type=positive_int, default=5,
+                   help="rounds over all configurations (default: %(default)s)")
+
+    p = _command(sub, "dqa-calibration", "DQA's effective temperature and its calibration to exp(-E), written to "
+                                         "DIR/README.md, calibration.png and calibration.json")
+    p.add_argument("dir", metavar="DIR", help="output folder, created if missing (required)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and anneal times: a smoke test (default: off)")
+    return parser
+
+
+def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every output path writable (its folder created) and matplotlib present for --plot, before any work."""
+    for flag in ("json", "plot"):
+        path = getattr(args, flag, None)
+        if path is not None:
+            try:
+                check_output_path(path, f"--{flag} file")
+            except ValueError as e:
+                parser.error(str(e))
+    if getattr(args, "plot", None) is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(NO_MATPLOTLIB, file=sys.stderr)
+            sys.exit(2)
+    if args.command == "dqa-calibration":
+        try:
+            check_output_path(Path(args.dir) / "README.md", "dqa-calibration report")
+        except ValueError as e:
+            parser.error(str(e))
+    if args.command == "grid-throughput":
+        for flag in ("before", "after"):
+            tree = getattr(args, flag)
+            if not (tree / "src" / "boltzmann_attention").is_dir():
+                parser.error(f"--{flag} {tree}: not a checkout of this project (no src/boltzmann_attention)")
+    if args.command in ("grid-throughput", "steps") and args.profile is not None:
+        from ..studies import profiles
+
+        if args.profile not in profiles():
+            parser.error(f"--profile {args.profile!r}: choose one of {', '.join(profiles())}")
+    if args.command == "steps" and args.profile is None and args.match is not None:
+        parser.error("--match applies with --profile only")
+
+
+def _write_json(path: str | None, data: dict, indent: int | None = 1) -> None:
+    if path is not None:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=indent)
+
+
+def run_methods(args) -> None:
+    stamp = machine_stamp(args.threads)
+    step_options = {"sizes": (4, 8, 12, 16) if args.quick or args.targets else range(4, 17)}
+    if args.smoke:
+        cases, step_options = layers.smoke_cases(), {"sizes": (4,), "rounds": 1, "batch": 4}
+    else:
+        cases = layers.target_cases() if args.targets else layers.default_cases(args.quick)
+    results = []
+    for case in cases:
+        results.append(layers.run_case(case, args.threads))
+        r = results[-1]
+        print(f"  {case.method:9s} T={case.T:<5d} B={case.B:<3d} causal={case.causal!s:5s} "
+              f"{1e3 * r.seconds:9.1f} ms {r.peak_mb:7.0f} MB", flush=True)
+    steps = None if args.no_steps else training.training_step_rows(**step_options)
+    print()
+    print(layers.format_table(results, stamp))
+    if steps:
+        print(f"\nTraining step of the paper's model (batch {step_options.get('batch', 64)}, 1 thread), median "
+              "wall ms, modes interleaved:\n")
+        print(training.training_step_table(steps))
+    print("\nTargets, ratios of this run:\n")
+    print("\n".join(layers.target_lines(results, steps)) or "(no target's rows were measured)")
+    _write_json(args.json, {"machine": stamp, "results": [asdict(r) for r in results], "steps": steps})
+
+
+def run_steps(args) -> None:
+    stamp = machine_stamp(args.threads)
+    args.rounds = args.rounds or (7 if args.profile is None else 3)
+    if args.profile is None:
+        rows = training.training_step_rows(sizes=args.sizes, batch=args.batch, rounds=args.rounds,
+                                           threads=args.threads, warmup=args.warmup)
+        print(stamp_line(stamp))
+        print(f"Training step of the paper's model (batch {args.batch}), median of {args.rounds} interleaved rounds "
+              "after the warm-up, wall ms:\n")
+        print(training.training_step_table(rows))
+        _write_json(args.json, {"machine": stamp, "steps": rows})
+        return
+    configs = training.profile_step_configs(args.profile, args.match)
+    if not configs:
+        sys.exit(f"no run of profile {args.profile} matches {args.match!r}")
+    times = training.time_steps(configs, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
+                                threads=args.threads)
+    reference = next((name for name, cfg in configs.items() if cfg.mode == "softmax"), next(iter(configs)))
+    print(stamp_line(stamp))
+    schedule = (f"{plural(args.warmup, 'warm-up step')} each, then {plural(args.rounds, 'interleaved round')} of "
+                f"{plural(args.steps, 'step')}")
+    print(f"Profile {args.profile}: {plural(len(configs), 'step configuration')}, {schedule}; ms per step, median "
+          f"of the rounds (their range), and the ratio to {reference}\n")
+    print(training.timing_table(times, reference))
+    _write_json(args.json, {"machine": stamp, "seconds_per_step": times})
+
+
+def run_approximations(args) -> None:
+    stamp = machine_stamp(args.threads)
+    print(stamp_line(stamp) + "\n")
+    accuracy_options = {"sizes": (4,), "queries": 2} if args.smoke else {}
+    scaling_options = {"sizes": (6, 12), "queries": 2, "bandwidth": 2} if args.smoke else {}
+    accuracy = scaling = None
+    if args.only in (None, "accuracy"):
+        accuracy = approximations.accuracy_rows(**accuracy_options, threads=args.threads)
+        print(approximations.accuracy_table(accuracy) + "\n", flush=True)
+    if args.only in (None, "scaling"):
+        scaling = approximations.scaling_rows(**scaling_options, threads=args.threads)
+        print(approximations.scaling_table(scaling) + "\n", flush=True)
+    if args.plot:
+        approximations.plot_rows(accuracy, scaling, args.plot)
+    _write_json(args.json, {"machine": stamp, "accuracy": accuracy, "scaling": scaling})
+
+
+def run_window(args) -> None:
+    banded = args.command == "banded"
+    heads, d_model = (args.heads, args.d_model) if banded else (1, 64)
+    stamp = machine_stamp(" / ".join(map(str, args.threads)))
+    rows = {t: layers.window_times(args.T, args.B, getattr(args, "W", 16), t, args.repeats,
+                                   getattr(args, "baseline", None), banded, heads, d_model) for t in args.threads}
+    print(stamp_line(stamp))
+    print(f"T = {args.T}, B = {args.B}, d_model {d_model}, {heads} head{'s' if heads > 1 else ''}, causal, float32, "
+          f"fwd+bwd, median of {args.repeats} alternating rounds, ratios to mode h at the same thread count; "
+          f"load average {os.getloadavg()[0]:.1f} at the end\n")
+    print(layers.window_table(rows))
+    _write_json(args.json, {"machine": stamp, "settings": {k: v for k, v in vars(args).items() if k != "json"},
+                            "seconds": rows})
+    if banded:
+        return
+    print(f"\nMean field / TAP solver on the layer's field (B = {args.B}, 1 thread): tol 1e-6, max over the causal "
+          "row chunks\n")
+    print("| layer | forward iterations | residual | backward iterations | residual |\n|---|---:|---:|---:|---:|")
+    print("\n".join(layers.solver_iterations(args.T, args.B)))
+    if args.no_accuracy:
+        return
+    print(f"\nWeights against method 'banded' (exact) at the same J, T = {args.T}, B = 1, h = q.k / 8 - 1 "
+          f"(q, k ~ N(0, 1)), J_d = std N(0, 1) for d <= {layers.RANGE}; iterations (max 500) and the share of "
+          f"queries that reached tol 1e-6\n")
+    print("| coupling std | method | solver | iterations | converged | max error | mean error |\n"
+          "|---|---|---:|---:|---:|---:|---:|")
+    print("\n".join(layers.window_errors(args.T)))
+
+
+def run_grid_throughput(args) -> None:
+    print(training.grid_throughput_report(args.profile, args.before, args.after, args.steps, args.rounds,
+                                          machine_stamp(1)))
+
+
+def run_dqa_calibration(args) -> None:
+    dqa.write_dqa_calibration(args.dir, quick=args.quick)
+    print(f"wrote {Path(args.dir) / 'README.md'}")
+
+
+COMMANDS = {"methods": run_methods, "steps": run_steps, "approximations": run_approximations, "window": run_window,
+            "banded": run_window, "grid-throughput": run_grid_throughput, "dqa-calibration": run_dqa_calibration}
+
+
+def main(argv=None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_outputs(parser, args)
+    COMMANDS[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

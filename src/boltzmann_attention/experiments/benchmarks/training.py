@@ -1,0 +1,248 @@
+"""Training steps timed: the paper's model per mode and window, any set of run configurations side by side,
+and a profile's grid in two source trees side by side.
+
+A step is what a run makes: forward, loss, backward, gradient clipping and the optimiser of
+``experiments.train.build_optimizer``. Every measurement here interleaves its candidates (:func:`interleaved`,
+or two processes at once for two trees), so its ratios are side by side on a shared machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..model import Model, ModelConfig, loss_fn
+from ..train import TrainConfig, build_optimizer, setup_run, train_step
+from .common import interleaved, medians, stamp_line
+
+STEP_MODES = ("softmax", "h", "h+J")
+
+
+def training_step_rows(sizes=range(4, 17), modes=STEP_MODES, batch: int = 64, rounds: int = 7,
+                       vocab: int = 65, threads: int = 1, warmup: int = 2) -> list[dict]:
+    """Median wall time of one training step of the paper's model (1 layer, 1 head, d_model 64, d_ff 128)
+    per mode and window T, batch ``batch``, ``threads`` threads (1: the setting under which two training
+    processes share the 2 cores without OpenMP spinning). The modes are interleaved step by step
+    (``rounds`` rounds after ``warmup`` steps each). Returns one {T, mode: seconds, ...} per T.
+    """
+    torch.set_num_threads(threads)
+    rows = []
+    for T in sizes:
+        steps = {}
+        for mode in modes:
+            torch.manual_seed(0)
+            model = Model(ModelConfig(vocab_size=vocab, max_len=T, mode=mode))
+            optimizer = build_optimizer(model, TrainConfig(T=T, mode=mode))
+            x, y = torch.randint(0, vocab, (batch, T)), torch.randint(0, vocab, (batch, T))
+
+            def step(model=model, optimizer=optimizer, x=x, y=y):
+                loss = loss_fn(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+            steps[mode] = step
+        rows.append({"T": T, **medians(interleaved(steps, rounds=rounds, warmup=warmup))})
+    return rows
+
+
+def training_step_table(rows: list[dict]) -> str:
+    """:func:`training_step_rows` as a Markdown table: ms per mode and each mode's ratio to softmax."""
+    modes = [m for m in rows[0] if m != "T"]
+    others = [m for m in modes if m != "softmax"]
+    lines = ["| T | " + " | ".join(f"{m} ms" for m in modes) + " | " + " | ".join(f"{m} vs softmax" for m in others)
+             + " |", "|---" * (1 + len(modes) + len(others)) + "|"]
+    for r in rows:
+        lines.append(f"| {r['T']} | " + " | ".join(f"{1e3 * r[m]:.2f}" for m in modes) + " | "
+                     + " | ".join(f"{r[m] / r['softmax']:.2f}x" for m in others) + " |")
+    return "\n".join(lines)
+
+
+def time_steps(configs: dict[str, TrainConfig], steps: int = 10, rounds: int = 3, warmup: int = 2,
+               threads: int = 1) -> dict[str, list[float]]:
+    """Seconds per training step of each config, side by side in this process: each is built (as a run
+    builds it) and makes ``warmup`` steps, then in each of ``rounds`` rounds every config in turn makes
+    ``steps`` steps, so that a change in the machine's load hits them alike. Returns {name: [seconds per
+    step, one per round]}. Sets torch's threads to ``threads``."""
+    torch.set_num_threads(threads)
+    runs = {name: setup_run(cfg) for name, cfg in configs.items()}
+
+    def stepper(name: str):
+        task, model, optimizer, _, generator = runs[name]
+        cfg = configs[name]
+        return lambda: train_step(model, model, optimizer, *task.batch(cfg.batch_size, generator), cfg)
+
+    return interleaved({name: stepper(name) for name in runs}, rounds=rounds, warmup=warmup, calls=steps)
+
+
+def timing_table(times: dict[str, list[float]], reference: str = "softmax") -> str:
+    """``time_steps``'s measurement as text: ms per step (median of the rounds, and their range) and the
+    ratio of the medians to ``reference``'s."""
+    ref = statistics.median(times[reference]) if reference in times else None
+    width = max([32] + [len(name) for name in times])
+    lines = []
+    for name, values in times.items():
+        m = statistics.median(values)
+        ratio = f"{m / ref:6.1f}" if ref else ""
+        lines.append(f"{name:<{width}} {1000 * m:8.1f} ({1000 * min(values):.1f}-{1000 * max(values):.1f}) {ratio}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------- a profile's grid in two source trees
+
+# Run in a fresh interpreter with one tree's src on its path; uses only names every tree provides.
+GRID_MEASURE = r"""
+import json, pathlib, statistics, sys, time, torch
+import boltzmann_attention
+if not pathlib.Path(boltzmann_attention.__file__ or "/").resolve().is_relative_to(pathlib.Path(sys.argv[4]).resolve()):
+    sys.exit(f"boltzmann_attention was imported from {boltzmann_attention.__path__}, not from {sys.argv[4]}")
+from boltzmann_attention.experiments.model import Model, loss_fn
+from boltzmann_attention.experiments.train import Task, TrainConfig, build_optimizer
+torch.set_num_threads(1)
+configs, steps, rounds, defaults = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[5])
+known = set(TrainConfig.__dataclass_fields__)
+setups = []
+for c in configs:  # fields this tree does not have are dropped where they hold the default, refused otherwise
+    needed = {k: v for k, v in c.items() if k not in known and v != defaults.get(k)}
+    if needed:
+        sys.exit(f"this tree's TrainConfig has no field for {needed}")
+    cfg = TrainConfig(**{k: v for k, v in c.items() if k in known})
+    task = Task(cfg)
+    torch.manual_seed(0)
+    model = Model(cfg.model_config(task.vocab_size))
+    setups.append((cfg, task, model, build_optimizer(model, cfg), torch.Generator().manual_seed(0)))
+times = [[] for _ in configs]
+for r in range(rounds):  # rounds over all configurations: a burst of load hits many, not one
+    for t, (cfg, task, model, opt, gen) in zip(times, setups):
+        for i in range(steps + (2 if r == 0 else 0)):
+            x, y = task.batch(cfg.batch_size, gen)
+            start = time.perf_counter()
+            loss = loss_fn(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            if r or i >= 2:
+                t.append(time.perf_counter() - start)
+out = [statistics.median(t) for t in times]
+print(json.dumps(out))
+"""
+
+# TrainConfig fields that change a run's numbers or length, not the cost of one of its steps
+NUMBERS_ONLY = ("seed", "steps", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "eval_interval",
+                "eval_windows", "coupling_lr_multiplier", "memory_probe_steps")
+
+
+def step_key(cfg: TrainConfig) -> dict:
+    """The fields of ``cfg`` that may change the cost of a training step (all but ``NUMBERS_ONLY``)."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in NUMBERS_ONLY}
+
+
+def _defaults() -> dict:
+    """TrainConfig's default of every field of :func:`step_key`."""
+    return step_key(TrainConfig())
+
+
+def _profile_runs(profile: str) -> list[tuple[str, TrainConfig]]:
+    from ..studies import profile as grids  # lazily: only the profile measurements need the studies
+
+    return [run for grid in grids(profile) for run in grid.runs()]
+
+
+def grid_configurations(profile: str) -> tuple[list[dict], list[tuple[int, int]]]:
+    """The profile's distinct step configurations (their :func:`step_key`), and per run (index of its
+    configuration, its steps)."""
+    configs, runs = [], []
+    for _, cfg in _profile_runs(profile):
+        key = step_key(cfg)
+        if key not in configs:
+            configs.append(key)
+        runs.append((configs.index(key), cfg.steps))
+    return configs, runs
+
+
+def profile_step_configs(profile: str, match: str | None = None) -> dict[str, TrainConfig]:
+    """One config per distinct step configuration of ``profile`` (the first run that has it), named by that
+    run's name without its seed; with ``match``, only the names that contain it."""
+    out, seen = {}, []
+    for name, cfg in _profile_runs(profile):
+        key = step_key(cfg)
+        if key in seen or (match is not None and match not in name):
+            continue
+        seen.append(key)
+        out[name.rsplit("-s", 1)[0]] = cfg
+    return out
+
+
+def _couplings(c: dict) -> str:
+    """'full', 'relative 8', 'window 16' or 'window 16 relative'."""
+    if c["coupling"] == "window":
+        return f"window {c['coupling_window']}" + (" relative" if c["coupling_window_relative"] else "")
+    return c["coupling"] + (f" {c['coupling_range']}" if c["coupling"] == "relative" and c["coupling_range"] else "")
+
+
+def tree_commit(tree: Path) -> str:
+    """The short commit of a checkout, '?' when it is not a git checkout."""
+    return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or "?"
+
+
+def grid_step_times(configs: list[dict], trees: dict[str, Path], steps: int, rounds: int) -> dict[str, list[float]]:
+    """Median step seconds of each configuration in each tree ({name: [one per configuration]}): one process
+    per tree (its ``src`` first on the path, and the package imported from there, not from an installed
+    copy), all at once, one thread each. RuntimeError naming the tree when its process fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    procs = {}
+    for name, tree in trees.items():
+        argv = [GRID_MEASURE, json.dumps(configs), str(steps), str(rounds), str(tree / "src"), json.dumps(_defaults())]
+        procs[name] = subprocess.Popen([sys.executable, "-c", *argv], env={**env, "PYTHONPATH": str(tree / "src")},
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, failed = {}, []
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate()
+        if proc.returncode:
+            failed.append(f"the {name} tree ({trees[name]}) failed (exit code {proc.returncode}): "
+                          f"{stderr.strip().splitlines()[-1] if stderr.strip() else 'no message'}")
+            continue
+        out[name] = json.loads(stdout.strip().splitlines()[-1])
+    if failed:
+        raise RuntimeError("; ".join(failed))
+    return out
+
+
+def grid_throughput_report(profile: str, before: Path, after: Path, steps: int, rounds: int, stamp: dict) -> str:
+    """The time ``profile``'s grid spends in training steps in two source trees, measured side by side.
+
+    Each configuration's step is timed in both trees at once (:func:`grid_step_times`); the grid's estimate is
+    the sum over runs of (steps of the run) x (median step time of its configuration): training steps only
+    (no evaluation, data set-up or checkpoints), so a lower bound on a sweep's wall time."""
+    configs, runs = grid_configurations(profile)
+    trees = {"before": before.resolve(), "after": after.resolve()}
+    start = time.time()
+    step = grid_step_times(configs, trees, steps, rounds)
+    lines = [stamp_line(stamp), "",
+             f"Before {tree_commit(trees['before'])} ({trees['before']}), after {tree_commit(trees['after'])} "
+             f"({trees['after']}); profile {profile}, {len(runs)} runs in {len(configs)} configurations, median of "
+             f"{rounds} rounds x {steps} steps, 1 thread per process, both processes at once; load average "
+             f"{os.getloadavg()[0]:.2f} at the end; {time.time() - start:.0f} s", "",
+             "| task | T | mode | method | couplings | d_ff | before ms | after ms | after / before |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for i, c in enumerate(configs):
+        b, a = step["before"][i], step["after"][i]
+        lines.append(f"| {c['task']} | {c['T']} | {c['mode']} | {c['method']} | {_couplings(c)} | {c['d_ff']} | "
+                     f"{1e3 * b:.2f} | {1e3 * a:.2f} | {a / b:.2f}x |")
+    total = {name: sum(n * s[i] for i, n in runs) for name, s in step.items()}
+    lines += ["", f"Grid's training steps, summed over runs: before {total['before'] / 3600:.2f} h, after "
+              f"{total['after'] / 3600:.2f} h ({total['after'] / total['before']:.2f}x); with 2 jobs the wall time "
+              f"is about half: {total['before'] / 7200:.2f} h and {total['after'] / 7200:.2f} h.",
+              "Median step ratio over configurations: "
+              f"{statistics.median(a / b for a, b in zip(step['after'], step['before'])):.2f}x"]
+    return "\n".join(lines)
