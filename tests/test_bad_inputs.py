@@ -231,7 +231,6 @@ ATTENTION_SHAPE_ERRORS = {  # name: (changes to valid keyword arguments, message
     "mode": (lambda a: {"mode": "h+X"}, "unknown mode"),
     "method": (lambda a: {"method": "magic"}, "unknown method 'magic'"),
     "method option": (lambda a: {"method_options": {"max_spin": 3}}, r"unknown option\(s\) \['max_spin'\]"),
-    "softmax bias": (lambda a: {"mode": "softmax", "couplings": None, "bias": 0.5}, "does not use `bias`"),
 }
 
 

@@ -54,7 +54,7 @@ def test_alibi_and_slot_bias_by_loops():
                 assert slot[h, r, j] == (module.weight[h, i - j] if 0 <= i - j < W else 0.0)
 
 
-def _naive_fox(q, k, v, log_f, scale):
+def _naive_fox(q, k, v, log_f, scale, prior=None):
     B, H, L, _ = q.shape
     S = k.shape[-2]
     out = torch.zeros(B, H, L, v.shape[-1], dtype=D)
@@ -63,12 +63,12 @@ def _naive_fox(q, k, v, log_f, scale):
             for r in range(L):
                 i = S - L + r
                 logits = torch.stack([q[b, h, r] @ k[b, h, j] * scale + log_f[b, h, j + 1:i + 1].sum()
-                                      for j in range(i + 1)])
+                                      + (0.0 if prior is None else prior[h, r, j]) for j in range(i + 1)])
                 out[b, h, r] = torch.softmax(logits, 0) @ v[b, h, :i + 1]
     return out
 
 
-def _naive_stickbreaking(q, k, v, scale, attend_current):
+def _naive_stickbreaking(q, k, v, scale, attend_current, prior=None):
     B, H, L, _ = q.shape
     S = k.shape[-2]
     out = torch.zeros(B, H, L, v.shape[-1], dtype=D)
@@ -76,7 +76,7 @@ def _naive_stickbreaking(q, k, v, scale, attend_current):
         for h in range(H):
             for r in range(L):
                 last = S - L + r if attend_current else S - L + r - 1  # the nearest key that takes part
-                beta = torch.sigmoid(q[b, h, r] @ k[b, h].T * scale)
+                beta = torch.sigmoid(q[b, h, r] @ k[b, h].T * scale + (0.0 if prior is None else prior[h, r]))
                 for j in range(last + 1):
                     a = beta[j] * math.prod(1 - beta[m] for m in range(j + 1, last + 1))
                     out[b, h, r] += a * v[b, h, j]
@@ -133,3 +133,98 @@ def test_half_precision_is_computed_in_float32():
         low = fn(*(x.bfloat16() for x in (q, k, v)), *(x.bfloat16() for x in extra))
         assert low.dtype == torch.bfloat16
         assert torch.allclose(low.double(), fn(q, k, v, *extra), atol=0.05)
+
+
+# ------------------------------------------------------------------------------------ the module's options
+
+from boltzmann_attention import BoltzmannAttention  # noqa: E402
+from boltzmann_attention.naive import naive_boltzmann_attention  # noqa: E402
+
+LAYERS = {  # name: BoltzmannAttention options (besides the prior)
+    "softmax": dict(mode="softmax"),
+    "h": dict(mode="h"),
+    "h+J": dict(mode="h+J", coupling_init_std=0.5),
+    "window": dict(mode="h+J", coupling="window", coupling_window=3, coupling_init_std=0.5),
+    "fox": dict(mode="fox"),
+    "stickbreaking": dict(mode="stickbreaking"),
+}
+PRIORS = {"none": {}, "rope": dict(position="rope"), "alibi": dict(position="alibi"), "slot": dict(slot_bias=3),
+          "alibi+slot": dict(position="alibi", slot_bias=2)}
+
+
+def _layer(options, prior, seed=0):
+    torch.manual_seed(seed)
+    layer = BoltzmannAttention(8, 2, max_len=6, **options, **PRIORS[prior]).double()
+    if layer.slot_bias is not None:
+        with torch.no_grad():
+            layer.slot_bias.weight.normal_()
+    return layer
+
+
+def _by_hand(layer, x):
+    """The layer's output from its parts, with the position prior built by loops and the attention by the naive
+    reference (Boltzmann modes), a plain softmax, or the recency functions."""
+    B, L, _ = x.shape
+    heads = lambda t: t.view(B, L, 2, 4).transpose(1, 2)  # noqa: E731
+    v = heads(layer.value(x))
+    q, k = heads(layer.query(x)), heads(layer.key(x))
+    if layer.position == "rope":
+        q, k = rotary(q, torch.arange(L, dtype=D)), rotary(k, torch.arange(L, dtype=D))
+    prior = torch.zeros(2, L, L, dtype=D)
+    for h in range(2):
+        for i in range(L):
+            for j in range(i + 1):
+                if layer.position == "alibi":
+                    prior[h, i, j] -= alibi_slopes(2)[h] * (i - j)
+                if layer.slot_bias is not None and i - j < layer.slot_bias.window:
+                    prior[h, i, j] += layer.slot_bias.weight[h, i - j]
+    if layer.mode == "softmax":
+        scores = q @ k.transpose(-1, -2) / 2 + prior
+        scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+        out = torch.softmax(scores, -1) @ v
+    elif layer.mode == "fox":
+        out = _naive_fox(q, k, v, torch.nn.functional.logsigmoid(layer.forget_gate(x)).transpose(1, 2), 0.5,
+                         prior)
+    elif layer.mode == "stickbreaking":
+        out = _naive_stickbreaking(q, k, v, 0.5, False, prior)
+    else:
+        J = layer.couplings(L) if layer.couplings is not None else None
+        out = naive_boltzmann_attention(q, k, v, J, is_causal=True, bias=layer.field_bias.view(-1, 1, 1) + prior,
+                                        coupling_window=layer.coupling_window)[0]
+    return layer.out(out.transpose(1, 2).reshape(B, L, 8))
+
+
+@pytest.mark.parametrize("prior", sorted(PRIORS))
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_module_with_position_priors_against_the_parts(name, prior):
+    layer = _layer(LAYERS[name], prior)
+    x = torch.randn(2, 6, 8, dtype=D, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(layer(x)[0], _by_hand(layer, x), atol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_module_with_position_priors_is_causal_and_differentiable(name):
+    layer = _layer(LAYERS[name], "alibi+slot")
+    x = torch.randn(1, 6, 8, dtype=D, generator=torch.Generator().manual_seed(2))
+    changed = x.clone()
+    changed[:, 4:] += 1.0
+    assert torch.equal(layer(x)[0][:, :4], layer(changed)[0][:, :4])
+    parameters = [p for p in (layer.slot_bias.weight, layer.forget_gate.weight if layer.forget_gate else None)
+                  if p is not None]
+    assert torch.autograd.gradcheck(lambda xx, *ps: layer(xx)[0], (x.requires_grad_(), *parameters))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(mode="fox", coupling="window", coupling_window=3), "mode 'fox' has no couplings"),
+    (dict(mode="stickbreaking", causal=False), "causal only"),
+    (dict(mode="h", position="learned"), "unknown position 'learned'"),
+    (dict(mode="J", position="rope"), "mode 'J'"),
+    (dict(mode="h", slot_bias=0), "slot_bias must be an integer >= 1"),
+    (dict(mode="h", slot_bias=2.0), "slot_bias must be an integer >= 1"),
+    (dict(mode="magic"), "unknown mode 'magic'"),
+])
+def test_module_refuses_bad_prior_options_at_construction(options, message):
+    with pytest.raises(ValueError, match=message):
+        BoltzmannAttention(8, 2, max_len=6, **options)
+    with pytest.raises(ValueError, match="head dimension 3 must be even"):
+        BoltzmannAttention(6, 2, max_len=6, mode="h", position="rope")

@@ -26,9 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import coupled_window, ising
+from . import coupled_window, ising, recency
 from .couplings import FullCouplings, RelativeCouplings, ThreeBodyCouplings, WindowCouplings
-from .validation import MODES, check_call, check_layer_sizes, check_options, check_real, check_values, mode_terms
+from .positions import SlotBias, alibi_bias, alibi_slopes, rotary
+from .validation import (
+    MODES,
+    RECENCY_MODES,
+    check_call,
+    check_layer_options,
+    check_layer_sizes,
+    check_real,
+    check_values,
+    mode_terms,
+)
 
 __all__ = ["MODES", "BoltzmannAttention", "FullCouplings", "RelativeCouplings", "ThreeBodyCouplings",
            "WindowCouplings", "boltzmann_attention", "parameter_groups"]
@@ -56,7 +66,8 @@ def boltzmann_attention(
     query: (B, H, L, E); key: (B, H, S, E); value: (B, H, S, Ev). couplings: (H, S, S) symmetric with a
     zero diagonal (H may be 1); three_body: (H, S, S, S). attn_mask: bool, broadcastable to (B, H, L, S),
     True where the key takes part. scale defaults to 1 / sqrt(E). bias is added to the field h (a float
-    or a tensor broadcastable to (B, H, L, S), e.g. (H, 1, 1) for one bias per head). ``method`` and
+    or a tensor broadcastable to (B, H, L, S), e.g. (H, 1, 1) for one bias per head); in mode 'softmax' it is
+    added to the scores. ``method`` and
     ``method_options`` choose how marginals are computed (see :mod:`boltzmann_attention.ising`); mode
     'h' uses the closed form sigmoid(2h) and ignores them.
 
@@ -92,13 +103,16 @@ def _attend(query, key, value, couplings, three_body, mode, method, is_causal, a
         causal = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
         mask = causal if mask is None else mask & causal
 
-    if mode == "softmax":
+    if mode == "softmax":  # bias: added to the scores (SDPA's additive mask)
         check_values(mode, query, key, None)
+        if isinstance(bias, Tensor) or bias != 0:
+            additive = torch.zeros(L, S, dtype=query.dtype, device=query.device) + bias
+            mask = additive if mask is None else additive.masked_fill(~mask, float("-inf"))
         if not return_weights:
             return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
         logits = query @ key.transpose(-1, -2) * scale
         if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
+            logits = logits + mask if mask.is_floating_point() else logits.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(logits, dim=-1)
         return weights @ value, weights
 
@@ -153,6 +167,13 @@ class BoltzmannAttention(nn.Module):
     checked here, before any training, by the rules the functional form applies
     (:func:`boltzmann_attention.validation.check_options`); a forward checks only x, key_padding_mask and the
     values of the field.
+
+    Position priors (:mod:`boltzmann_attention.positions`), for the field of the Boltzmann modes and the score of
+    the softmax ones: ``position='rope'`` rotates queries and keys, ``position='alibi'`` adds ALiBi's fixed
+    per-head slopes times -|i - j|, and ``slot_bias=W`` adds one learned scalar per head and per distance
+    0..W-1 (zero at init, no weight decay). Modes 'fox' (forgetting attention, with a per-head forget gate
+    Linear(embed_dim, num_heads) initialised like the other projections) and 'stickbreaking' are the learned-
+    recency baselines of :mod:`boltzmann_attention.recency`; they are causal and take no coupling options.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, max_len: int, mode: str = "h+J",
@@ -160,12 +181,15 @@ class BoltzmannAttention(nn.Module):
                  coupling_range: int | None = None, coupling_init_std: float = 0.0,
                  field_bias_init: float | None = None, learn_field_bias: bool = True,
                  bias: bool = True, method_options: dict | None = None, coupling_window: int | None = None,
-                 coupling_window_relative: bool = False):
+                 coupling_window_relative: bool = False, position: str | None = None, slot_bias: int | None = None):
         super().__init__()
         check_layer_sizes(embed_dim, num_heads, max_len, coupling_init_std, field_bias_init)
-        check_options(mode, method, method_options, causal=causal, coupling=coupling, coupling_window=coupling_window,
-                      coupling_window_relative=coupling_window_relative, coupling_range=coupling_range)
-        uses_field, uses_J, uses_K = mode_terms(mode)
+        check_layer_options(mode, method, method_options, causal=causal, head_dim=embed_dim // num_heads,
+                            coupling=coupling, coupling_window=coupling_window,
+                            coupling_window_relative=coupling_window_relative, coupling_range=coupling_range,
+                            position=position, slot_bias=slot_bias)
+        recency_mode = mode in RECENCY_MODES
+        uses_field, uses_J, uses_K = (True, False, False) if recency_mode else mode_terms(mode)
         if coupling_range is None:
             coupling_range = max_len - 1
         self.embed_dim, self.num_heads, self.max_len = embed_dim, num_heads, max_len
@@ -189,8 +213,12 @@ class BoltzmannAttention(nn.Module):
             self.couplings = RelativeCouplings(num_heads, coupling_range, coupling_init_std)
         self.three_body = ThreeBodyCouplings(num_heads, max_len, coupling_init_std) if uses_K else None
 
+        self.position = position
+        self.slot_bias = SlotBias(num_heads, slot_bias) if slot_bias is not None else None
+        self.forget_gate = nn.Linear(embed_dim, num_heads) if mode == "fox" else None
+
         self.field_bias = None
-        if mode != "softmax":
+        if mode not in ("softmax", *RECENCY_MODES):
             init = -0.5 * math.log(max_len) if field_bias_init is None else field_bias_init
             self.field_bias = nn.Parameter(torch.full((num_heads,), float(init)),
                                            requires_grad=learn_field_bias)
@@ -222,6 +250,21 @@ class BoltzmannAttention(nn.Module):
             q, k = self._heads(self.query(x)), self._heads(self.key(x))
         else:  # mode J: no field from the input; q and k only carry the shapes
             q = k = v.new_zeros(B, self.num_heads, L, 1)
+        if self.position == "rope":
+            positions = torch.arange(L, device=x.device)
+            q, k = rotary(q, positions), rotary(k, positions)
+        prior = self._position_bias(L, x.dtype)  # (H, L, L) or None
+        if self.mode in RECENCY_MODES:
+            if key_padding_mask is not None:
+                raise ValueError(f"mode {self.mode!r} takes no key_padding_mask (its recency runs over every key)")
+            bias = 0.0 if prior is None else prior
+            if self.mode == "fox":
+                log_forget = F.logsigmoid(self.forget_gate(x)).transpose(1, 2)  # (B, H, L)
+                result = recency.forgetting_attention(q, k, v, log_forget, bias=bias, return_weights=need_weights)
+            else:
+                result = recency.stickbreaking_attention(q, k, v, bias=bias, return_weights=need_weights)
+            out, weights = result if need_weights else (result, None)
+            return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
         attn_mask = None
         if key_padding_mask is not None:
             if not isinstance(key_padding_mask, Tensor) or key_padding_mask.shape != (B, L) \
@@ -233,12 +276,25 @@ class BoltzmannAttention(nn.Module):
             couplings = ising.toeplitz.Toeplitz(self.couplings.weight)  # f(1) .. f(range), (H, range)
         elif self.couplings is not None:
             couplings = self.couplings(L)
+        bias = self.field_bias.view(-1, 1, 1) if self.field_bias is not None else 0.0
+        if prior is not None:
+            bias = bias + prior
         result = _attend(q, k, v, couplings, self.three_body(L) if self.three_body is not None else None, self.mode,
-                         self.method, self.causal, attn_mask,
-                         None, self.field_bias.view(-1, 1, 1) if self.field_bias is not None else 0.0,
-                         need_weights, self.method_options, self.coupling_window)
+                         self.method, self.causal, attn_mask, None, bias, need_weights, self.method_options,
+                         self.coupling_window)
         out, weights = result if need_weights else (result, None)
         return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
+
+
+    def _position_bias(self, L: int, dtype: torch.dtype) -> Tensor | None:
+        """ALiBi's and the slot bias's (H, L, L) sum, added to the field or the score; None without either."""
+        prior = None
+        if self.position == "alibi":
+            prior = alibi_bias(alibi_slopes(self.num_heads).to(device=self.value.weight.device, dtype=dtype), L, L)
+        if self.slot_bias is not None:
+            slots = self.slot_bias(L, L).to(dtype)
+            prior = slots if prior is None else prior + slots
+        return prior
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -23,29 +23,35 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
+def _as(bias: Tensor | float, dtype: torch.dtype) -> Tensor | float:
+    return bias.to(dtype) if isinstance(bias, Tensor) else bias
+
+
 def causal_mask(L: int, S: int, device=None, include_current: bool = True) -> Tensor:
     """(L, S) bool, True where key j is visible to query row r at position S - L + r (j <= i, or j < i)."""
     return torch.ones(L, S, dtype=torch.bool, device=device).tril(S - L - (0 if include_current else 1))
 
 
 def forgetting_attention(query: Tensor, key: Tensor, value: Tensor, log_forget: Tensor, *,
-                         scale: float | None = None, return_weights: bool = False):
+                         scale: float | None = None, bias: Tensor | float = 0.0, return_weights: bool = False):
     """Forgetting attention. query (B, H, L, E), key (B, H, S, E), value (B, H, S, Ev); log_forget (B, H, S):
-    log f_t <= 0 of every key position (logsigmoid of the gate). Returns (B, H, L, Ev) [and the weights]."""
+    log f_t <= 0 of every key position (logsigmoid of the gate); bias: added to the scores (broadcastable to
+    (B, H, L, S), e.g. a position prior). Returns (B, H, L, Ev) [and the weights]."""
     L, S = query.shape[-2], key.shape[-2]
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     dtype = _compute_dtype(query)
     c = log_forget.to(dtype).cumsum(-1)  # c_i - c_j = sum_{k=j+1..i} log f_k
-    bias = (c[..., S - L:, None] - c[..., None, :]).masked_fill(~causal_mask(L, S, query.device), float("-inf"))
-    scores = (query.to(dtype) @ key.to(dtype).transpose(-1, -2)) * scale + bias
+    forget = (c[..., S - L:, None] - c[..., None, :]).masked_fill(~causal_mask(L, S, query.device), float("-inf"))
+    scores = (query.to(dtype) @ key.to(dtype).transpose(-1, -2)) * scale + forget + _as(bias, dtype)
     weights = torch.softmax(scores, dim=-1)
     out = (weights @ value.to(dtype)).to(value.dtype)
     return (out, weights.to(query.dtype)) if return_weights else out
 
 
 def stickbreaking_attention(query: Tensor, key: Tensor, value: Tensor, *, scale: float | None = None,
-                            attend_current: bool = False, return_weights: bool = False):
-    """Stick-breaking attention. query (B, H, L, E), key (B, H, S, E), value (B, H, S, Ev).
+                            bias: Tensor | float = 0.0, attend_current: bool = False, return_weights: bool = False):
+    """Stick-breaking attention. query (B, H, L, E), key (B, H, S, E), value (B, H, S, Ev); bias: added to the
+    scores z (broadcastable to (B, H, L, S), e.g. a position prior).
 
     log A_ij = logsigmoid(z_ij) + sum_{j<k<=i'} logsigmoid(-z_ik) over the visible keys k, with z = scale q.k;
     visible means k < i (the query's own position does not take part, as in the authors' reference), or k <= i
@@ -55,7 +61,7 @@ def stickbreaking_attention(query: Tensor, key: Tensor, value: Tensor, *, scale:
     L, S = query.shape[-2], key.shape[-2]
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     dtype = _compute_dtype(query)
-    z = (query.to(dtype) @ key.to(dtype).transpose(-1, -2)) * scale
+    z = (query.to(dtype) @ key.to(dtype).transpose(-1, -2)) * scale + _as(bias, dtype)
     visible = causal_mask(L, S, query.device, include_current=attend_current)
     log_beta = F.logsigmoid(z).masked_fill(~visible, float("-inf"))
     log_keep = F.logsigmoid(-z).masked_fill(~visible, 0.0)

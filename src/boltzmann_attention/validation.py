@@ -27,10 +27,14 @@ from .ising._inputs import _check_finite as check_finite
 from .ising._inputs import check_int, check_real
 from .ising.methods import methods_with, resolve_method
 
-__all__ = ["MODES", "COUPLINGS", "WINDOW_MODES", "mode_terms", "check_options", "check_call", "check_values",
-           "check_layer_sizes", "check_sizes", "check_finite", "check_int", "check_real"]
+__all__ = ["MODES", "RECENCY_MODES", "LAYER_MODES", "POSITIONS", "COUPLINGS", "WINDOW_MODES", "mode_terms",
+           "check_options", "check_layer_options", "check_call", "check_values", "check_layer_sizes", "check_sizes",
+           "check_finite", "check_int", "check_real"]
 
 MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
+RECENCY_MODES = ("fox", "stickbreaking")  # the module's learned-recency baselines (boltzmann_attention.recency)
+LAYER_MODES = MODES + RECENCY_MODES
+POSITIONS = ("rope", "alibi")  # the module's relative position schemes (boltzmann_attention.positions)
 COUPLINGS = ("full", "relative", "window")
 WINDOW_MODES = ("h+J", "J")  # the coupled window: pairwise couplings, no three-body terms
 
@@ -115,8 +119,6 @@ def check_call(query: Tensor, key: Tensor, value: Tensor, *, couplings, three_bo
         _check_broadcasts_to("bias", bias, shape)
     elif isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not math.isfinite(bias):
         raise ValueError(f"bias must be a finite float or a tensor broadcastable to (B, H, L, S), got {bias!r}")
-    if mode == "softmax" and (isinstance(bias, Tensor) or bias != 0):
-        raise ValueError("mode 'softmax' does not use `bias` (it shifts the Ising field); pass 0.0")
     if attn_mask is not None:
         if not isinstance(attn_mask, Tensor):
             raise ValueError(f"attn_mask must be a bool tensor, got {type(attn_mask).__name__}")
@@ -153,6 +155,39 @@ def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None) ->
         check_finite("key", key)
     else:
         check_finite("the field h = scale * query.key + bias", field)
+
+
+def check_layer_options(mode: str, method, method_options: dict | None, *, causal: bool, head_dim: int,
+                        coupling: str = "full", coupling_window: int | None = None,
+                        coupling_window_relative: bool = False, coupling_range: int | None = None,
+                        position: str | None = None, slot_bias: int | None = None) -> None:
+    """:func:`check_options` for the module, which also takes the recency modes ('fox', 'stickbreaking': softmax
+    variants without couplings, so no coupling or method option applies to them), a position scheme
+    (None, 'rope' or 'alibi') and ``slot_bias`` (None or the number W >= 1 of slots with a learned bias)."""
+    if not isinstance(mode, str) or mode not in LAYER_MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {LAYER_MODES}")
+    if mode in RECENCY_MODES:
+        if not causal:
+            raise ValueError(f"mode {mode!r} is causal only (a learned recency over the keys before the query)")
+        changed = [name for name, value, default in (
+            ("coupling", coupling, "full"), ("coupling_window", coupling_window, None),
+            ("coupling_window_relative", coupling_window_relative, False), ("coupling_range", coupling_range, None),
+            ("method_options", method_options or {}, {})) if value != default]
+        if changed:
+            raise ValueError(f"mode {mode!r} has no couplings and no marginals: {', '.join(changed)} must keep "
+                             "the default")
+    else:
+        check_options(mode, method, method_options, causal=causal, coupling=coupling, coupling_window=coupling_window,
+                      coupling_window_relative=coupling_window_relative, coupling_range=coupling_range)
+    if position is not None:
+        if not isinstance(position, str) or position not in POSITIONS:
+            raise ValueError(f"unknown position {position!r}; choose None or one of {POSITIONS}")
+        if position == "rope" and mode == "J":
+            raise ValueError("position 'rope' rotates queries and keys, which mode 'J' does not have")
+        if position == "rope" and head_dim % 2:
+            raise ValueError(f"position 'rope' rotates channel pairs: the head dimension {head_dim} must be even")
+    if slot_bias is not None:
+        check_int("slot_bias", slot_bias, 1)
 
 
 def check_sizes(init_std: float = 0.0, **sizes: int) -> None:
