@@ -415,11 +415,10 @@ def test_grid_configurations_split_by_step_cost_only():
     """Runs that differ in couplings are timed apart; runs that differ in lr, seed or length share a timing."""
     from boltzmann_attention.experiments.train import TrainConfig
 
-    base = TrainConfig(T=64, mode="h+J", method="exact", coupling="window", coupling_window=16)
-    assert training.step_key(base) == training.step_key(TrainConfig(**{**base.__dict__, "lr": 1e-2, "seed": 2,
-                                                                      "steps": 9}))
-    relative = TrainConfig(T=64, mode="h+J", method="banded", coupling="relative", coupling_range=8)
-    assert training.step_key(base) != training.step_key(TrainConfig(**{**base.__dict__, "coupling_window": 8}))
+    base = TrainConfig.build(T=64, mode="h+J", method="exact", coupling="window", coupling_window=16)
+    assert training.step_key(base) == training.step_key(base.replace(lr=1e-2, seed=2, steps=9))
+    relative = TrainConfig.build(T=64, mode="h+J", method="banded", coupling="relative", coupling_range=8)
+    assert training.step_key(base) != training.step_key(base.replace(coupling_window=8))
     assert training._couplings(training.step_key(base)) == "window 16"
     assert training._couplings(training.step_key(relative)) == "relative 8"
     configs, runs = training.grid_configurations("realsize")
@@ -431,7 +430,7 @@ def test_grid_tree_without_a_needed_field_is_refused_by_name(monkeypatch):
     """A field the tree's TrainConfig lacks is dropped where it holds the default and refused otherwise."""
     from boltzmann_attention.experiments.train import TrainConfig
 
-    config = {**training.step_key(TrainConfig(T=4, batch_size=2, d_model=8, d_ff=8)), "no_such_field": 3}
+    config = {**training.step_key(TrainConfig.build(T=4, batch_size=2, d_model=8, d_ff=8)), "no_such_field": 3}
     with pytest.raises(RuntimeError, match=r"has no field for \{'no_such_field': 3\}"):
         training.grid_step_times([config], {"after": ROOT}, 1, 1)
     defaults = training._defaults()
@@ -446,7 +445,7 @@ def test_time_steps_rounds_are_interleaved(monkeypatch):
     order = []
     monkeypatch.setattr(training, "train_step", lambda net, *a: order.append(id(net)))
     tiny = dict(T=4, batch_size=2, d_model=8, d_ff=8, warmup_steps=0, steps=5, eval_windows=4)
-    times = training.time_steps({"a": TrainConfig(mode="h", **tiny), "b": TrainConfig(mode="softmax", **tiny)},
-                                steps=2, rounds=2, warmup=1)
+    configs = {"a": TrainConfig.build(mode="h", **tiny), "b": TrainConfig.build(mode="softmax", **tiny)}
+    times = training.time_steps(configs, steps=2, rounds=2, warmup=1)
     a, b = order[0], order[1]
     assert order == [a, b] + [a, a, b, b] * 2 and [len(t) for t in times.values()] == [2, 2]

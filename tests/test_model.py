@@ -10,7 +10,7 @@ from boltzmann_attention.experiments.model import Model, ModelConfig
 
 def _model(init: str, n_layers: int = 3, mode: str = "h+J") -> Model:
     torch.manual_seed(0)
-    return Model(ModelConfig(vocab_size=65, max_len=64, mode=mode, d_model=128, n_heads=4, n_layers=n_layers,
+    return Model(ModelConfig.build(vocab_size=65, max_len=64, mode=mode, d_model=128, n_heads=4, n_layers=n_layers,
                              d_ff=512, init=init))
 
 
@@ -55,8 +55,8 @@ def _pair(reference: dict, **window) -> tuple[Model, Model]:
     with the same weights apart from the couplings; 2 layers, 2 heads, T = 6."""
     common = dict(vocab_size=11, max_len=6, d_model=8, n_heads=2, n_layers=2, d_ff=16, init="torch")  # O(1) weights
     torch.manual_seed(0)
-    windowed = Model(ModelConfig(**common, mode="h+J", coupling="window", **window))
-    ref = Model(ModelConfig(**common, **reference))
+    windowed = Model(ModelConfig.build(**common, mode="h+J", coupling="window", **window))
+    ref = Model(ModelConfig.build(**common, **reference))
     state = {k: v for k, v in windowed.state_dict().items() if "couplings" not in k}
     missing, unexpected = ref.load_state_dict(state, strict=False)
     assert not unexpected and all("couplings" in k for k in missing)

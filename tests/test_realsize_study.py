@@ -255,7 +255,7 @@ def test_other_studies_runs_are_not_claimed(tmp_path):
 
 def test_step_times_are_measured_side_by_side():
     tiny = dict(T=8, batch_size=4, d_model=8, d_ff=8, warmup_steps=0, steps=5, eval_windows=4, fused_optimizer=False)
-    configs = {"softmax": TrainConfig(mode="softmax", **tiny), "h": TrainConfig(mode="h", **tiny)}
+    configs = {"softmax": TrainConfig.build(mode="softmax", **tiny), "h": TrainConfig.build(mode="h", **tiny)}
     from boltzmann_attention.experiments.benchmarks.training import time_steps, timing_table
 
     times = time_steps(configs, steps=2, rounds=3, warmup=1)

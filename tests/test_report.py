@@ -49,7 +49,7 @@ def planted_couplings(T, seed):
 def write_run(root, task, T, mode, seed, *, variant="base", method="exact", val=None, test=None, couplings=None,
               extra_metrics=None, **overrides):
     """One results JSON in the schema of train.train + experiments._run_one."""
-    cfg = asdict(TrainConfig(task=task, T=T, mode=mode, method=method, seed=seed, **overrides))
+    cfg = asdict(TrainConfig.build(task=task, T=T, mode=mode, method=method, seed=seed, **overrides))
     name = f"{task}-T{T}-{mode}-{method}-{variant}-s{seed}"
     result = {"run": name, "variant": variant, "config": cfg, "seed": seed, "steps_run": cfg["steps"],
               "wall_time_s": 30.0, "metrics": {"val": val}, "history": [{"step": cfg["steps"], "train_loss": 1.0,
@@ -618,7 +618,7 @@ def test_the_study_registry():
         studies.profile("sampling", "none")
 
     def results(variant):
-        run = {"config": asdict(TrainConfig(task="brackets", T=4, mode="softmax")), "variant": variant,
+        run = {"config": asdict(TrainConfig.build(task="brackets", T=4, mode="softmax")), "variant": variant,
                "metrics": {"val": brackets_metrics(0.9), "test": brackets_metrics(0.9)}}
         return Results([_load_run(Path(f"{variant}.json"), json.dumps(run))])
 

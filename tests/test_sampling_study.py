@@ -2,7 +2,6 @@
 
 import json
 import math
-from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -35,12 +34,12 @@ def test_boltzmann_profile_follows_the_design():
                                                          for T in (4, 6, 8) for s in (0, 1, 2)}
         assert all(c.method_options == {"num_samples": 100, "gradient": gradient, "target_beta": 1.0} for c in mine)
     # the same recipe for the DQA runs and their references: the configs differ in the method only
-    by_point = {(c.task, c.T, c.mode, c.seed): asdict(c) for _, c in runs if c.method == "exact"}
+    by_point = {(c.task, c.T, c.mode, c.seed): c.flat() for _, c in runs if c.method == "exact"}
     for _, c in dqa:
-        d = asdict(c)
+        d = c.flat()
         assert {k for k in d if d[k] != by_point[(c.task, c.T, c.mode, c.seed)][k]} == {"method", "method_options"}
     # the exact Shakespeare runs at T = 8 have the config of the baselines study's stage-1 gpt2 runs
-    stage1 = {(c.mode, c.seed): asdict(c) for grid in profile("baselines") for name, c in grid.runs()
+    stage1 = {(c.mode, c.seed): c.flat() for grid in profile("baselines") for name, c in grid.runs()
               if grid.variant == baselines.variant("gpt2") and c.T == 8}
     for point, d in by_point.items():
         if point[:2] == ("shakespeare", 8):

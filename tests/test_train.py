@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import warnings
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +23,7 @@ from boltzmann_attention.experiments.train import (
     default_checkpoint,
     default_threads,
     marginals_method,
+    model_config,
     read_checkpoint,
     train,
 )
@@ -36,10 +36,10 @@ SHORT = {**SMALL, "warmup_steps": 0}  # for runs of a few steps (no warning that
                                        ("brackets", "J"), ("shakespeare", "h+J+K")])
 def test_a_few_steps_lower_the_loss(task, mode):
     torch.set_num_threads(1)
-    result = train(TrainConfig(task=task, T=6, mode=mode, **SMALL), progress=False)
+    result = train(TrainConfig.build(task=task, T=6, mode=mode, **SMALL), progress=False)
     first, last = result["history"][0], result["history"][-1]
     assert last["step"] == 40 and last["loss"] < first["loss"]
-    initial = TrainConfig(task=task, T=6, mode=mode, **{**SHORT, "steps": 1, "eval_interval": 1})
+    initial = TrainConfig.build(task=task, T=6, mode=mode, **{**SHORT, "steps": 1, "eval_interval": 1})
     assert result["metrics"]["val"]["loss"] < train(initial, progress=False)["metrics"]["val"]["loss"]
     if "J" in mode:
         J = torch.tensor(result["couplings"])
@@ -48,10 +48,10 @@ def test_a_few_steps_lower_the_loss(task, mode):
 
 def test_resume_equals_uninterrupted_run(tmp_path):
     torch.set_num_threads(1)
-    cfg = TrainConfig(task="shakespeare", T=5, mode="h+J", **{**SMALL, "steps": 30, "eval_interval": 10})
+    cfg = TrainConfig.build(task="shakespeare", T=5, mode="h+J", **{**SMALL, "steps": 30, "eval_interval": 10})
     full = train(cfg, progress=False)
     ckpt = tmp_path / "run.pt"
-    train(replace(cfg, steps=30), checkpoint=ckpt, checkpoint_interval=10, progress=False)
+    train(cfg.replace(steps=30), checkpoint=ckpt, checkpoint_interval=10, progress=False)
     # simulate a kill after step 10: rerun from the step-10 checkpoint written by a 10-step prefix
     ckpt.unlink()
     partial = tmp_path / "partial.pt"
@@ -85,17 +85,17 @@ def _train_until(cfg, path, stop):
 
 
 def test_bad_checkpoints_raise_clear_errors(tmp_path):
-    cfg = TrainConfig(task="shakespeare", T=5, **{**SHORT, "steps": 2})
+    cfg = TrainConfig.build(task="shakespeare", T=5, **{**SHORT, "steps": 2})
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="corrupted"):
         train(cfg, checkpoint=bad, progress=False)
     other = tmp_path / "other.pt"
-    _train_until(replace(cfg, steps=4), other, stop=2)
+    _train_until(cfg.replace(steps=4), other, stop=2)
     with pytest.raises(ValueError, match="another config"):
-        train(replace(cfg, mode="h", steps=4), checkpoint=other, progress=False)
+        train(cfg.replace(mode="h", steps=4), checkpoint=other, progress=False)
     with pytest.raises(ValueError, match=r"written by a run of 1 process\(es\), this one has 2"):
-        train_module.load_checkpoint(other, replace(cfg, steps=4), None, None, None, None, rank=1, world=2)
+        train_module.load_checkpoint(other, cfg.replace(steps=4), None, None, None, None, rank=1, world=2)
 
 
 class _Payload:
@@ -116,7 +116,7 @@ def test_crafted_checkpoint_cannot_run_code(tmp_path):
     torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)  # the payload is live ...
     assert marker.exists()
     marker.unlink()
-    cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+    cfg = TrainConfig.build(task="brackets", T=4, **{**SHORT, "steps": 2})
     framed = train_module._frame(buffer.getvalue())  # as an attacker who knows the format would write it
     for content, message in ((buffer.getvalue(), "plain torch file without a checksum, not loaded"),
                              (framed, r"refused: it holds objects other than tensors.*could run code")):
@@ -128,9 +128,9 @@ def test_crafted_checkpoint_cannot_run_code(tmp_path):
 
 
 def test_bit_flip_in_checkpoint_tensor_data_is_refused(tmp_path):
-    cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+    cfg = TrainConfig.build(task="brackets", T=4, **{**SHORT, "steps": 2})
     path = tmp_path / "run.pt"
-    train(replace(cfg, steps=4), checkpoint=path, checkpoint_interval=2, progress=False)
+    train(cfg.replace(steps=4), checkpoint=path, checkpoint_interval=2, progress=False)
     weight = read_checkpoint(path)["model"]["token_embedding.weight"]
     raw = bytearray(path.read_bytes())
     at = raw.find(weight.numpy().tobytes())
@@ -141,12 +141,12 @@ def test_bit_flip_in_checkpoint_tensor_data_is_refused(tmp_path):
     flipped = torch.load(io.BytesIO(bytes(raw[header:])), weights_only=True)["model"]["token_embedding.weight"]
     assert (flipped != weight).sum() == 1  # torch alone would load the changed weight
     with pytest.raises(ValueError, match=re.escape(str(path)) + ".*sha256 checksum.*delete it to restart"):
-        train(replace(cfg, steps=4), checkpoint=path, progress=False)
+        train(cfg.replace(steps=4), checkpoint=path, progress=False)
 
 
 def test_output_paths_are_checked_before_training(tmp_path, monkeypatch):
     monkeypatch.setattr(train_module, "Task", _no_training)
-    cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+    cfg = TrainConfig.build(task="brackets", T=4, **{**SHORT, "steps": 2})
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for bad, message in ((dict(checkpoint=blocker / "run.pt"), "cannot write the checkpoint"),
@@ -175,7 +175,7 @@ def test_read_only_folder_fails_before_training(tmp_path, monkeypatch):
             pass
         else:
             pytest.skip("this user (root) can write to a read-only folder; the path-under-a-file test covers it")
-        cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+        cfg = TrainConfig.build(task="brackets", T=4, **{**SHORT, "steps": 2})
         for where in ("out", "checkpoint"):
             with pytest.raises(ValueError, match="cannot write"):
                 train(cfg, progress=False, **{where: folder / "run.x"})
@@ -187,7 +187,7 @@ def test_default_checkpoint_resumes_and_wall_time_sums_segments(tmp_path, monkey
     out = tmp_path / "run.json"
     checkpoint = default_checkpoint(out)
     assert checkpoint == tmp_path / "run.ckpt.pt"
-    cfg = TrainConfig(task="brackets", T=4, **{**SMALL, "steps": 6, "eval_interval": 3, "warmup_steps": 2})
+    cfg = TrainConfig.build(task="brackets", T=4, **{**SMALL, "steps": 6, "eval_interval": 3, "warmup_steps": 2})
     ticks = iter(range(0, 10**6, 1000))  # a slow first segment: 1000 s between clock readings
     monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     _train_until(cfg, checkpoint, stop=3)
@@ -202,7 +202,7 @@ def test_threads_are_set_for_the_run_and_restored():
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+        cfg = TrainConfig.build(task="brackets", T=4, **{**SHORT, "steps": 2})
         assert train(cfg, threads=1, progress=False)["threads"] == 1
         assert torch.get_num_threads() == 2
         with pytest.raises(ValueError, match="threads must be an integer >= 1"):
@@ -265,18 +265,19 @@ def test_threads_are_set_for_the_run_and_restored():
     (dict(task="brackets", deduplicate="no"), "deduplicate must be true or false"),
     (dict(task="shakespeare", deduplicate=True), "deduplicate is an option of task 'brackets' only"),
     (dict(task="shakespeare", train_sequences=5, min_fill=0.5), "train_sequences, min_fill are options of task"),
-    (dict(coupling="window"), "coupling='window' needs coupling_window=W"),
-    (dict(coupling_window=4), "coupling_window applies to coupling='window' only, got coupling='full'"),
+    # the attention's options by the layer's own rules and words (boltzmann_attention.validation)
+    (dict(coupling="window"), "coupling='window' and coupling_window=W go together"),
+    (dict(coupling_window=4), "coupling='window' and coupling_window=W go together"),
     (dict(coupling="relative", coupling_window_relative=True), "coupling_window_relative applies to coupling='wi"),
     (dict(coupling="window", coupling_window=0), "coupling_window must be an integer >= 1"),
     (dict(coupling="window", coupling_window=True), "coupling_window must be an integer"),
-    (dict(coupling="window", coupling_window=4, method="meanfield"), "by method 'exact' only, got method 'meanf"),
+    (dict(coupling="window", coupling_window=4, method="meanfield"), "by method 'exact' only, got 'meanf"),
     (dict(coupling="window", coupling_window=4, method="banded"), "by method 'exact' only"),
     (dict(coupling="window", coupling_window=4, mode="h"), r"needs a mode with pairwise couplings .*got mode 'h'"),
     (dict(coupling="window", coupling_window=4, mode="h+J+K"), "no three-body terms"),
-    (dict(coupling="window", coupling_window=25, T=64), "coupling_window = 25 is beyond the window's limit of 24"),
-    (dict(coupling="window", coupling_window=9, method_options={"max_spins": 8}), "limit of 8 coupled spins"),
-    (dict(coupling_range=3), "coupling_range applies to coupling='relative' only, got coupling='full'"),
+    (dict(coupling="window", coupling_window=25, T=64), "coupling_window 25 is too large .* W <= 24"),
+    (dict(coupling="window", coupling_window=9, method_options={"max_spins": 8}), r"W <= 8 \(option max_spins\)"),
+    (dict(coupling_range=3), r"coupling_range applies to coupling='relative' only \(got coupling='full'\)"),
     (dict(coupling="relative", coupling_range=-1), "coupling_range must be an integer >= 0"),
     (dict(coupling="relative", method="banded", T=20), r"range w = 19 \(T - 1, the default\).*max_bandwidth 16"),
     (dict(coupling="relative", method="banded", T=64, coupling_range=9, method_options={"max_bandwidth": 8}),
@@ -286,7 +287,7 @@ def test_threads_are_set_for_the_run_and_restored():
 def test_bad_configs_fail_before_training(change, message, monkeypatch):
     monkeypatch.setattr(train_module, "Task", _no_training)
     with pytest.raises(ValueError, match=message):
-        train(TrainConfig(**{**SMALL, **change}), progress=False)
+        train(TrainConfig.build(**{**SMALL, **change}), progress=False)
 
 
 def _no_training(*args, **kwargs):
@@ -296,7 +297,7 @@ def _no_training(*args, **kwargs):
 @pytest.mark.parametrize("method", ["tap", "gibbs", "pt"])
 def test_unknown_option_of_a_forwarding_method_is_a_value_error(method):
     """These methods take **options, so the name is checked by the library at the first step: a ValueError."""
-    cfg = TrainConfig(task="brackets", T=4, method=method, method_options={"bogus": 1}, **{**SHORT, "steps": 2})
+    cfg = TrainConfig.build(task="brackets", T=4, method=method, method_options={"bogus": 1}, **{**SHORT, "steps": 2})
     with pytest.raises(ValueError, match="bogus"):
         train(cfg, progress=False)
 
@@ -304,33 +305,34 @@ def test_unknown_option_of_a_forwarding_method_is_a_value_error(method):
 def test_grad_clip_inf_disables_clipping_and_good_configs_pass():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        TrainConfig(grad_clip=math.inf).validate()
-        TrainConfig(d_ff=0, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.0, field_bias_init=-1.5,
+        TrainConfig.build(grad_clip=math.inf).validate()
+        TrainConfig.build(d_ff=0, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.0, field_bias_init=-1.5,
                     method="banded", method_options={"bandwidth": 3}).validate()
-        TrainConfig(steps=11, warmup_steps=10).validate()
+        TrainConfig.build(steps=11, warmup_steps=10).validate()
         # the window is exact at any T (its limit is on W), banded needs only the range within its limit
-        TrainConfig(T=64, coupling="window", coupling_window=16).validate()
-        TrainConfig(T=64, coupling="window", coupling_window=24, mode="J", coupling_window_relative=True).validate()
-        TrainConfig(T=64, coupling="relative", coupling_range=8, method="banded").validate()
-        TrainConfig(T=64, coupling="relative", coupling_range=8, method="meanfield").validate()
-        TrainConfig(T=64, mode="h", coupling="relative", method="banded").validate()  # mode h has no J
+        TrainConfig.build(T=64, coupling="window", coupling_window=16).validate()
+        TrainConfig.build(T=64, coupling="window", coupling_window=24, mode="J",
+                          coupling_window_relative=True).validate()
+        TrainConfig.build(T=64, coupling="relative", coupling_range=8, method="banded").validate()
+        TrainConfig.build(T=64, coupling="relative", coupling_range=8, method="meanfield").validate()
+        TrainConfig.build(T=64, mode="h", coupling="relative", method="banded").validate()  # mode h has no J
 
 
 @pytest.mark.parametrize("mode", ["h+J", "softmax"])
 def test_divergence_is_a_clear_error_not_nan_metrics(mode):
     """A learning rate that blows the weights up stops the run, instead of NaN metrics or a library error."""
-    cfg = TrainConfig(task="brackets", T=4, mode=mode, lr=1e10, weight_decay=0.0, **{**SHORT, "steps": 3})
+    cfg = TrainConfig.build(task="brackets", T=4, mode=mode, lr=1e10, weight_decay=0.0, **{**SHORT, "steps": 3})
     with pytest.raises(ValueError, match=r"training diverged at step [12] of 3: .*lower lr \(now 1e\+10\)"):
         train(cfg, progress=False)
 
 
 def test_warmup_that_never_ends_warns():
     with pytest.warns(UserWarning, match=r"warmup_steps \(10\) >= steps \(10\)"):
-        TrainConfig(steps=10, warmup_steps=10).validate()
+        TrainConfig.build(steps=10, warmup_steps=10).validate()
 
 
 def test_position_head_masks_later_positions():
-    model = Model(ModelConfig(vocab_size=10, max_len=6, head="position", d_model=16, d_ff=0))
+    model = Model(ModelConfig.build(vocab_size=10, max_len=6, head="position", d_model=16, d_ff=0))
     scores = model(torch.randint(0, 10, (2, 6)))
     assert scores.shape == (2, 6, 6)
     later = torch.ones(6, 6, dtype=torch.bool).triu()
@@ -381,7 +383,7 @@ import json, sys
 import torch.distributed as dist
 import boltzmann_attention.experiments.train as T
 
-cfg = T.TrainConfig(task="brackets", T=5, steps=4, batch_size=8, eval_interval=2, d_model=16, d_ff=32,
+cfg = T.TrainConfig.build(task="brackets", T=5, steps=4, batch_size=8, eval_interval=2, d_model=16, d_ff=32,
                     warmup_steps=1)
 full = T.train(cfg, progress=False)
 
@@ -451,10 +453,10 @@ def test_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path):
 def test_sampled_methods_train_end_to_end(mode, method, options):
     """Sample-based marginals drive training: the loss goes down and J moves (seeded, so deterministic)."""
     torch.set_num_threads(1)
-    cfg = TrainConfig(task="brackets", T=4, mode=mode, method=method, method_options=options,
+    cfg = TrainConfig.build(task="brackets", T=4, mode=mode, method=method, method_options=options,
                       **{**SMALL, "steps": 30, "eval_interval": 30, "coupling_init_std": 0.05})
     result = train(cfg, progress=False)
-    initial = train(replace(cfg, steps=1, eval_interval=1, warmup_steps=0), progress=False)
+    initial = train(cfg.replace(steps=1, eval_interval=1, warmup_steps=0), progress=False)
     assert result["metrics"]["val"]["loss"] < initial["metrics"]["val"]["loss"]
     assert torch.tensor(result["couplings"]).ne(torch.tensor(initial["couplings"])).any()
     # the same weights are also evaluated with exact marginals (brackets: val and test)
@@ -466,22 +468,22 @@ def test_marginals_method_swaps_and_restores():
     """Inside marginals_method(model, 'exact') a DQA model computes what the same weights built with
     method='exact' compute; afterwards it samples again."""
     torch.manual_seed(0)
-    cfg = TrainConfig(task="brackets", T=4, method="dqa", method_options={"num_samples": 8}, **SMALL)
-    sampled = Model(cfg.model_config(vocab_size=12)).eval()
-    exact = Model(replace(cfg, method="exact", method_options={}).model_config(vocab_size=12)).eval()
+    cfg = TrainConfig.build(task="brackets", T=4, method="dqa", method_options={"num_samples": 8}, **SMALL)
+    sampled = Model(model_config(cfg, vocab_size=12)).eval()
+    exact = Model(model_config(cfg.replace(method="exact", method_options={}), vocab_size=12)).eval()
     exact.load_state_dict(sampled.state_dict())
     x = torch.randint(0, 12, (3, 4))
     with torch.no_grad():
         with marginals_method(sampled, "exact"):
             assert torch.allclose(sampled(x), exact(x), atol=1e-6)
         assert sampled.blocks[0].attn.method == "dqa" and sampled.blocks[0].attn.method_options == {"num_samples": 8}
-    exact_result = train(replace(cfg, method="exact", method_options={}, steps=2, eval_interval=2, warmup_steps=0),
+    exact_result = train(cfg.replace(method="exact", method_options={}, steps=2, eval_interval=2, warmup_steps=0),
                          progress=False)
     assert "val_exact" not in exact_result["metrics"]
 
 
 def test_bracket_options_reach_the_data():
-    cfg = TrainConfig(task="brackets", T=10, train_sequences=700, min_fill=0.6, open_probability=0.9,
+    cfg = TrainConfig.build(task="brackets", T=10, train_sequences=700, min_fill=0.6, open_probability=0.9,
                       deduplicate=True, **SHORT)
     data = train_module.Task(cfg).data
     assert data.sizes == (700, 2000, 2000)
@@ -494,7 +496,7 @@ def test_bracket_options_reach_the_data():
 def test_bracket_evaluation_counts_closing_brackets_and_whole_sequences():
     """Accuracy over closing brackets and over sequences against a plain loop, for a model that is right on
     a known set of brackets."""
-    cfg = TrainConfig(task="brackets", T=8, **SHORT)
+    cfg = TrainConfig.build(task="brackets", T=8, **SHORT)
     task = train_module.Task(cfg)
     tokens, labels = task.val
     wrong = torch.Generator().manual_seed(0)
@@ -536,26 +538,30 @@ OLD_FIELDS = {  # fields added after results were recorded, and what the runs wi
 def test_results_and_checkpoints_from_before_a_field_read_as_what_they_used(tmp_path, added):
     from boltzmann_attention.experiments.results import load_runs
 
-    cfg = TrainConfig(task="brackets", T=4, **{**SHORT, "steps": 2})
+    cfg = TrainConfig.build(task="brackets", T=4, **{**SHORT, "steps": 2})
     result = train(cfg, progress=False, checkpoint=tmp_path / "c.pt")
     assert set(result["data"]) == {"val_in_train", "test_in_train"} and result["data"]["val_in_train"] == 1.0
     new_fields = tuple(OLD_FIELDS[added])
-    for key in new_fields:
-        del result["config"][key]
+
+    def old(saved: dict) -> dict:
+        """The config as such a run wrote it: flat (before the nesting), without the fields added since."""
+        return {k: v for k, v in TrainConfig.from_dict(saved).flat().items() if k not in new_fields}
+
+    assert "data" in result["config"] and "T" not in result["config"]  # written nested now
+    result["config"] = old(result["config"])
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "old.json").write_text(json.dumps(result))
     (run,) = load_runs(tmp_path)
     assert {k: run.config[k] for k in new_fields} == OLD_FIELDS[added]
     state = read_checkpoint(tmp_path / "c.pt")
-    for key in new_fields:
-        del state["config"][key]
+    state["config"] = old(state["config"])
     buffer = io.BytesIO()
     torch.save(state, buffer)
     (tmp_path / "old.pt").write_bytes(train_module._frame(buffer.getvalue()))
     resumed = train(cfg, progress=False, checkpoint=tmp_path / "old.pt")  # resumes: the old data's defaults
     assert resumed["steps_run"] == 0 and resumed["metrics"] == result["metrics"]
     with pytest.raises(ValueError, match="another config.*deduplicate"):
-        train(replace(cfg, deduplicate=True, T=6), progress=False, checkpoint=tmp_path / "old.pt")
+        train(cfg.replace(deduplicate=True, T=6), progress=False, checkpoint=tmp_path / "old.pt")
 
 
 def test_the_coupled_window_trains_and_its_slot_couplings_are_recorded(tmp_path):
@@ -564,12 +570,19 @@ def test_the_coupled_window_trains_and_its_slot_couplings_are_recorded(tmp_path)
     from boltzmann_attention.experiments.results import load_runs
 
     torch.set_num_threads(1)
-    cfg = TrainConfig(T=30, n_heads=2, coupling="window", coupling_window=4, **{**SHORT, "steps": 3, "lr": 1e-2})
+    cfg = TrainConfig.build(T=30, n_heads=2, n_layers=2, coupling="window", coupling_window=4, slot_bias=3,
+                            **{**SHORT, "steps": 3, "lr": 1e-2})
     result = train(cfg, progress=False)
     J = torch.tensor(result["couplings"])
     assert J.shape == (2, 4, 4) and J.abs().max() > 0 and torch.equal(J, J.transpose(-1, -2))
     assert torch.all(J.diagonal(dim1=-2, dim2=-1) == 0)
-    assert (result["config"]["coupling"], result["config"]["coupling_window"]) == ("window", 4)
+    assert (result["config"]["attention"]["coupling"], result["config"]["attention"]["coupling_window"]) == (
+        "window", 4)
+    # every layer's couplings, field and slot biases are kept (layer 0's also under the old keys)
+    assert len(result["layers"]) == 2 and result["layers"][0]["couplings"] == result["couplings"]
+    assert result["layers"][1]["couplings"] != result["couplings"]
+    assert all(torch.tensor(layer["slot_bias"]).shape == (2, 3) and len(layer["field_bias"]) == 2
+               for layer in result["layers"])
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "w.json").write_text(json.dumps(result))
     (run,) = load_runs(tmp_path)
@@ -583,8 +596,8 @@ def test_the_coupled_window_trains_and_its_slot_couplings_are_recorded(tmp_path)
 def test_relative_coupling_range_reaches_the_layer():
     """coupling_range sets J's range (and banded's bandwidth), instead of the default T - 1."""
     for method in ("banded", "meanfield"):
-        cfg = TrainConfig(T=20, coupling="relative", coupling_range=3, method=method)
-        model = Model(cfg.model_config(65))
+        cfg = TrainConfig.build(T=20, coupling="relative", coupling_range=3, method=method)
+        model = Model(model_config(cfg, 65))
         attn = model.blocks[0].attn
         assert attn.couplings.weight.shape == (1, 3)
         assert attn.method_options.get("bandwidth") == (3 if method == "banded" else None)
@@ -600,24 +613,24 @@ def test_the_memory_probe_measures_a_fresh_process(tmp_path):
     common = dict(T=64, mode="h", n_heads=4, d_model=32, d_ff=0, memory_probe_steps=2)
     ballast = torch.ones(2**27)  # 512 MiB in this process, touched
     mine = _rss_mib()
-    small = memory_probe(TrainConfig(**common, batch_size=2), threads=1)
+    small = memory_probe(TrainConfig.build(**common, batch_size=2), threads=1)
     del ballast
-    large = memory_probe(TrainConfig(**common, batch_size=512), threads=1)
+    large = memory_probe(TrainConfig.build(**common, batch_size=512), threads=1)
     assert small["steps"] == 2 and small["batch_size"] == 2 and small["threads"] == 1
     assert 0 < small["rss_before_steps_mib"] <= small["peak_rss_mib"] < mine - 256
     assert small["steps_mib"] == small["peak_rss_mib"] - small["rss_before_steps_mib"]
     # (512, 4, 64, 64) float32 attention weights are 32 MiB a tensor, several kept for the backward
     assert large["steps_mib"] > small["steps_mib"] + 64
     with pytest.raises(ValueError, match="memory_probe_steps must be an integer >= 1"):
-        memory_probe(TrainConfig(**{**common, "memory_probe_steps": 0}))
+        memory_probe(TrainConfig.build(**{**common, "memory_probe_steps": 0}))
 
 
 def test_a_run_with_the_memory_probe_records_it(monkeypatch):
     seen = []
     monkeypatch.setattr(train_module, "memory_probe", lambda cfg: seen.append(cfg) or {"peak_rss_mib": 1.0})
-    cfg = TrainConfig(task="brackets", T=4, memory_probe_steps=3, **{**SHORT, "steps": 2})
+    cfg = TrainConfig.build(task="brackets", T=4, memory_probe_steps=3, **{**SHORT, "steps": 2})
     assert train(cfg, progress=False)["memory"] == {"peak_rss_mib": 1.0} and seen == [cfg]
-    assert "memory" not in train(replace(cfg, memory_probe_steps=0), progress=False)
+    assert "memory" not in train(cfg.replace(memory_probe_steps=0), progress=False)
 
 
 def test_unconverged_mean_field_is_counted_per_step_and_warned_once():
@@ -626,7 +639,7 @@ def test_unconverged_mean_field_is_counted_per_step_and_warned_once():
     of one per solve."""
     from boltzmann_attention.ising.meanfield import ConvergenceWarning
 
-    cfg = TrainConfig(T=12, method="meanfield", coupling="relative", coupling_range=4, coupling_init_std=2.0,
+    cfg = TrainConfig.build(T=12, method="meanfield", coupling="relative", coupling_range=4, coupling_init_std=2.0,
                       method_options={"max_iter": 5}, **{**SHORT, "steps": 3, "eval_interval": 3})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -639,7 +652,7 @@ def test_unconverged_mean_field_is_counted_per_step_and_warned_once():
                                                   "evaluations")} == {"unconverged_steps": 3, "steps": 3,
                                                                       "unconverged_evaluations": 2, "evaluations": 2}
     assert "did not converge" in result["convergence"]["first"]
-    weak = train(replace(cfg, coupling_init_std=0.0, method_options={}), progress=False)
+    weak = train(cfg.replace(coupling_init_std=0.0, method_options={}), progress=False)
     assert "convergence" not in weak
 
 

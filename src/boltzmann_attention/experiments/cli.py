@@ -11,63 +11,18 @@ import importlib.util
 import json
 import sys
 import time
-from dataclasses import MISSING, fields
+from dataclasses import MISSING
 from pathlib import Path
 
 from .. import ising
-from ..attention import MODES
-from .model import INITS
-from .sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS
-from .train import COUPLINGS, TASKS, TrainConfig
+from .config import FIELDS, INITS, TASKS, TrainConfig
+from .sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS, run_name
 
-EXPERIMENTS_EXTRA = 'pip install -e ".[experiments]"'
+CHOICES = {"method": tuple(sorted(ising.METHODS))}  # choices not written on the field itself
 
-# Valid values and help of every TrainConfig field shown by `train` (and by `sweep --set`).
-CHOICES = {"task": TASKS, "mode": MODES, "method": tuple(sorted(ising.METHODS)), "coupling": COUPLINGS, "init": INITS}
-HELP = {
-    "task": "the task",
-    "T": "window length: the number of keys (spins) per query",
-    "mode": "attention mode (softmax; h: sigmoid attention; J: couplings only; h+J: Boltzmann attention; "
-            "h+K, h+J+K: three-body couplings)",
-    "method": "how the marginals are computed (see the README's methods table)",
-    "seed": "fixes the initialisation and the data order",
-    "steps": "optimiser steps",
-    "batch_size": "sequences per step",
-    "lr": "peak learning rate (AdamW)",
-    "warmup_steps": "linear warm-up steps, then cosine decay to min_lr_ratio * lr",
-    "min_lr_ratio": "final learning rate as a fraction of lr",
-    "weight_decay": "AdamW weight decay on weight matrices (never on J, K or the field bias)",
-    "grad_clip": "gradient-norm clipping threshold",
-    "eval_interval": "steps between validation evaluations",
-    "eval_windows": "Shakespeare: number of fixed validation windows",
-    "d_model": "model width",
-    "n_heads": "attention heads",
-    "n_layers": "transformer blocks",
-    "d_ff": "FFN width; 0 removes the FFN",
-    "coupling": "full: a free J for every pair of positions; relative: J = f(|j - k|); window: J between the "
-                "last coupling_window keys of each query, by slot (method exact, any T)",
-    "coupling_range": "relative: J = 0 beyond this distance (none: T - 1)",
-    "coupling_window": "window: the number W of coupled keys of each query (none unless coupling is window)",
-    "coupling_window_relative": "window: J_ab = f(|a - b|) instead of a free (W, W) matrix",
-    "coupling_init_std": "standard deviation of J at initialisation (0: J starts at zero)",
-    "coupling_lr_multiplier": "learning rate of J and K relative to lr",
-    "field_bias_init": "initial field bias per head (default: -log(T) / 2)",
-    "learn_field_bias": "whether the field bias is learned",
-    "num_fillers": "brackets: number of filler symbols",
-    "method_options": "JSON object of options for the marginal method, e.g. '{\"bandwidth\": 4}'",
-    "init": "model initialisation: torch (PyTorch's defaults) or gpt2 (nanoGPT's N(0, 0.02))",
-    "beta2": "AdamW's second-moment decay",
-    "fused_optimizer": "AdamW's fused kernel (false: the per-tensor loop)",
-    "train_sequences": "brackets: size of the fixed training set (validation and test: 2000 each)",
-    "min_fill": "brackets: smallest word, as the fraction p / (T // 2) of its pairs p (at least one pair); "
-                "the filler density is 1 - 2p / T",
-    "max_fill": "brackets: largest word, as the fraction p / (T // 2) of its pairs p",
-    "open_probability": "brackets: probability that the word opens a bracket where it may (higher: deeper "
-                        "nesting)",
-    "deduplicate": "brackets: redraw validation and test sequences that occur in the training set",
-    "memory_probe_steps": "n > 0: before training, n training steps in a fresh process whose peak memory the "
-                          "result records (0: off)",
-}
+EXPERIMENTS_EXTRA = 'pip install "boltzmann-attention[experiments]"'
+# How a field's default reads in --help where its value alone would mislead.
+SHOWN_DEFAULTS = {"field_bias_init": "-log(T) / 2", "coupling_range": "T - 1"}
 
 
 def _boolean(text: str) -> bool:
@@ -97,21 +52,25 @@ def _optional_int(text: str) -> int | None:
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """One --flag per TrainConfig field, with its valid values, default and help."""
-    for f in fields(TrainConfig):
-        default = {} if f.default is MISSING else f.default
-        kind = {"int": int, "float": float, "str": str, "bool": _boolean}.get(str(f.type).split(" ")[0], str)
-        if f.name == "field_bias_init":
-            kind = _optional_float
-        elif f.name in ("coupling_range", "coupling_window"):
-            kind = _optional_int
-        elif f.name == "method_options":
-            kind = _json_object
-        shown = "-log(T) / 2" if f.name == "field_bias_init" else json.dumps(default) if f.name == "method_options" \
-            else default
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=default,
-                            choices=CHOICES.get(f.name), metavar=None if f.name in CHOICES else f.name.upper(),
-                            help=f"{HELP.get(f.name, f.name)} (default: {shown})")
+    """One --flag per config field (by its flat name), with its valid values, its help and its default once."""
+    for name, f in FIELDS.items():
+        default = f.default_factory() if f.default is MISSING else f.default
+        kind = str(f.type)
+        if name == "method_options":
+            parse, metavar = _json_object, "JSON"
+        elif kind.startswith("bool"):
+            parse, metavar = _boolean, "{true,false}"
+        elif kind.startswith("int | None"):
+            parse, metavar = _optional_int, "{INT,none}"
+        elif kind.startswith("float | None"):
+            parse, metavar = _optional_float, "{FLOAT,none}"
+        else:
+            parse = {"int": int, "float": float}.get(kind, str)
+            metavar = None if "choices" in f.metadata else name.upper()
+        choices = CHOICES.get(name, f.metadata.get("choices"))
+        shown = SHOWN_DEFAULTS.get(name, json.dumps(default) if isinstance(default, dict) else default)
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=parse, default=default, choices=choices,
+                            metavar=None if choices else metavar, help=f"{f.metadata['help']} (default: {shown})")
 
 
 def _require(*modules: str) -> None:
@@ -132,7 +91,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                              description="Train one model and write its results JSON.",
                              usage="%(prog)s [options]   (every option: --help)")
     _add_config_arguments(p_train)
-    p_train.add_argument("--out", default="results/train.json", help="results JSON path (default: %(default)s)")
+    p_train.add_argument("--out", help="results JSON path (default: results/runs/<run name>.json, where `report` "
+                                       "looks by default)")
     p_train.add_argument("--checkpoint", help="checkpoint path; an existing one is resumed "
                                               "(default: next to --out, <out stem>.ckpt.pt, removed when the run ends)")
     p_train.add_argument("--threads", type=int, help="torch threads for this run (default: torch's setting; "
@@ -143,7 +103,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                                          "skipped and killed ones resume.", formatter_class=defaults)
     p_sweep.add_argument("--tasks", nargs="+", default=["shakespeare"], choices=TASKS, help="tasks")
     p_sweep.add_argument("--T", nargs="+", type=int, default=[8], help="window lengths")
-    p_sweep.add_argument("--modes", nargs="+", default=["softmax", "h+J", "h", "J"], choices=MODES, help="modes")
+    p_sweep.add_argument("--modes", nargs="+", default=["softmax", "h+J", "h", "J"],
+                         choices=FIELDS["mode"].metadata["choices"], help="modes")
     p_sweep.add_argument("--methods", nargs="+", default=["exact"], choices=CHOICES["method"], help="methods")
     p_sweep.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds")
     p_sweep.add_argument("--variant", default="base", help="label for runs with --set overrides")
@@ -186,7 +147,7 @@ def main(argv=None) -> int:
 
 
 def _sweep_overrides(items: list[str]) -> dict:
-    known = {f.name for f in fields(TrainConfig)}
+    known = set(FIELDS)
     overrides = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -206,9 +167,8 @@ def _dispatch(args) -> int:
     if args.command == "train":
         from .train import default_checkpoint, train, write_result
 
-        cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
-        cfg.validate()
-        out = Path(args.out)
+        cfg = TrainConfig.build(**{name: getattr(args, name) for name in FIELDS})
+        out = Path(args.out or f"results/runs/{run_name(cfg)}.json")  # where `report` looks by default
         checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint(out)
         print(f"results -> {out}, checkpoint -> {checkpoint} (a killed run resumes from it)", file=sys.stderr)
         result = train(cfg, checkpoint=checkpoint, out=out, threads=args.threads)

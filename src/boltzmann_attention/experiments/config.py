@@ -18,7 +18,30 @@ fields that did not exist yet with the values those runs used (``LEGACY``).
 
 from __future__ import annotations
 
+import inspect
+import math
+import numbers
+import warnings
 from dataclasses import dataclass, field, fields
+
+import torch
+
+from .. import ising
+from ..ising.annealing import MAX_SPINS as DQA_MAX_SPINS
+from ..ising.banded import MAX_BANDWIDTH as BANDED_MAX_BANDWIDTH
+from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
+from ..validation import LAYER_MODES, check_layer_options
+from . import data as datasets
+
+TASKS = ("shakespeare", "brackets")
+COUPLINGS = ("full", "relative", "window")
+POSITIONS = ("learned", "rope", "alibi", "none")
+LAYER_POSITION = {"learned": None, "rope": "rope", "alibi": "alibi", "none": None}  # the layer's option
+INITS = ("torch", "gpt2")
+MAX_SEED = 2**53
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+# The bracket task's options: a Shakespeare run that changes one is refused (it would mean nothing).
+BRACKET_OPTIONS = ("num_fillers", "train_sequences", "min_fill", "max_fill", "open_probability", "deduplicate")
 
 
 def option(default, help: str, **metadata):
@@ -30,7 +53,7 @@ def option(default, help: str, **metadata):
 
 @dataclass
 class DataConfig:
-    task: str = option("shakespeare", "the task", choices=("shakespeare", "brackets"))
+    task: str = option("shakespeare", "the task", choices=TASKS)
     T: int = option(8, "window length: the number of keys (spins) per query")
     eval_windows: int = option(2048, "Shakespeare: number of fixed validation windows")
     num_fillers: int = option(8, "brackets: number of filler symbols")
@@ -50,7 +73,9 @@ class ArchConfig:
     n_layers: int = option(1, "transformer blocks")
     d_ff: int = option(128, "FFN width; 0 removes the FFN")
     init: str = option("gpt2", "model initialisation: torch (PyTorch's defaults) or gpt2 (nanoGPT's N(0, 0.02))",
-                       choices=("torch", "gpt2"))
+                       choices=INITS)
+    position: str = option("learned", "position scheme: learned (absolute embeddings), rope or alibi (in every "
+                                      "attention layer, no absolute embedding), none", choices=POSITIONS)
 
 
 @dataclass
@@ -58,18 +83,21 @@ class AttentionConfig:
     """BoltzmannAttention's keyword options, by the same names (the layer checks them, once)."""
 
     mode: str = option("h+J", "attention mode (softmax; h: sigmoid attention; J: couplings only; h+J: Boltzmann "
-                              "attention; h+K, h+J+K: three-body couplings)")
+                              "attention; h+K, h+J+K: three-body couplings; fox, stickbreaking: learned-recency "
+                              "softmax baselines)", choices=LAYER_MODES)
     method: str = option("exact", "how the marginals are computed (see the README's methods table)")
     method_options: dict = option({}, "JSON object of options for the marginal method, e.g. '{\"bandwidth\": 4}'")
     coupling: str = option("full", "full: a free J for every pair of positions; relative: J = f(|j - k|); window: "
                                    "J between the last coupling_window keys of each query, by slot (any T)",
-                           choices=("full", "relative", "window"))
+                           choices=COUPLINGS)
     coupling_range: int | None = option(None, "relative: J = 0 beyond this distance (none: T - 1)")
     coupling_window: int | None = option(None, "window: the number W of coupled keys of each query")
     coupling_window_relative: bool = option(False, "window: J_ab = f(|a - b|) instead of a free (W, W) matrix")
     coupling_init_std: float = option(0.0, "standard deviation of J at initialisation (0: J starts at zero)")
     field_bias_init: float | None = option(None, "initial field bias per head (none: -log(T) / 2)")
     learn_field_bias: bool = option(True, "whether the field bias is learned")
+    slot_bias: int | None = option(None, "W: a learned bias per head on the score or field of each query's last W "
+                                         "keys, by distance (none: off)")
 
 
 @dataclass
@@ -106,9 +134,21 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
 
+    def __getattr__(self, name: str):
+        """Read access by flat name (``cfg.lr`` is ``cfg.optim.lr``); called only where no attribute matched."""
+        section = FLAT.get(name) if name != "__setstate__" else None
+        if section is None:
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+        return getattr(getattr(self, section), name)
+
     def flat(self) -> dict:
         """{flat name: value} of every field."""
         return {name: getattr(owner, name) for name, owner in _owners(self).items()}
+
+    @classmethod
+    def build(cls, **flat) -> TrainConfig:
+        """The config with these fields, by flat name; the others at their defaults."""
+        return cls.from_flat(flat)
 
     @classmethod
     def from_flat(cls, values: dict, *, legacy: bool = False) -> TrainConfig:
@@ -137,6 +177,131 @@ class TrainConfig:
         """A copy with these flat fields changed."""
         return TrainConfig.from_flat({**self.flat(), **flat})
 
+    def validate(self) -> None:
+        """Raise ValueError for anything that would fail or train wrongly later, before any training.
+
+        Every field's type and range; the attention options by the layer's own rules
+        (:func:`boltzmann_attention.validation.check_layer_options`, the words the layer uses); the limits of
+        the marginal method at this T. Warns (UserWarning) when warm-up never ends (warmup_steps >= steps).
+        """
+        d, m, a, o = self.data, self.model, self.attention, self.optim
+        _choice("task", d.task, TASKS)
+        _integer("T", d.T, 2)
+        _integer("seed", self.seed, 0, MAX_SEED - 1)
+        for owner, name, minimum in ((self, "steps", 1), (self, "batch_size", 1), (o, "warmup_steps", 0),
+                                     (self.measure, "eval_interval", 1), (d, "eval_windows", 1), (m, "d_model", 1),
+                                     (m, "n_heads", 1), (m, "n_layers", 1), (m, "d_ff", 0), (d, "num_fillers", 1),
+                                     (d, "train_sequences", 1), (self.measure, "memory_probe_steps", 0)):
+            _integer(name, getattr(owner, name), minimum)
+        _number("lr", o.lr, above=0.0)
+        _number("min_lr_ratio", o.min_lr_ratio, at_least=0.0, at_most=1.0)
+        _number("weight_decay", o.weight_decay, at_least=0.0)
+        _number("grad_clip", o.grad_clip, above=0.0, allow_inf=True)  # inf: no clipping
+        _number("coupling_init_std", a.coupling_init_std, at_least=0.0)
+        _number("coupling_lr_multiplier", o.coupling_lr_multiplier, above=0.0)
+        if a.field_bias_init is not None:
+            _number("field_bias_init", a.field_bias_init)
+        for owner, name in ((a, "learn_field_bias"), (o, "fused_optimizer"), (d, "deduplicate"),
+                            (a, "coupling_window_relative")):
+            if not isinstance(getattr(owner, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(owner, name)!r}")
+        for name, value in (("lr", o.lr), ("lr * coupling_lr_multiplier", o.lr * o.coupling_lr_multiplier)):
+            if value > FLOAT32_MAX:
+                raise ValueError(f"{name} = {value:g} overflows float32, the training precision")
+        if o.lr * o.weight_decay >= 1.0:
+            raise ValueError(f"lr * weight_decay must be < 1 (AdamW scales the weights by 1 - lr * weight_decay "
+                             f"every step), got {o.lr * o.weight_decay:g}")
+        if m.d_model % m.n_heads:
+            raise ValueError(f"d_model ({m.d_model}) must be divisible by n_heads ({m.n_heads})")
+        _choice("init", m.init, INITS)
+        _choice("position", m.position, POSITIONS)
+        _choice("mode", a.mode, LAYER_MODES)
+        _choice("method", a.method, sorted(ising.METHODS))
+        _check_method_options(a.method, a.method_options)
+        check_layer_options(a.mode, a.method, a.method_options, causal=True, head_dim=m.d_model // m.n_heads,
+                            coupling=a.coupling, coupling_window=a.coupling_window,
+                            coupling_window_relative=a.coupling_window_relative, coupling_range=a.coupling_range,
+                            position=LAYER_POSITION[m.position], slot_bias=a.slot_bias)
+        self._check_limits()
+        for name in ("min_fill", "max_fill", "open_probability"):
+            _number(name, getattr(d, name), at_least=0.0, at_most=1.0)
+        datasets.word_pairs(d.T, d.min_fill, d.max_fill)  # some word length fits at this T
+        if d.task != "brackets":
+            changed = [n for n in BRACKET_OPTIONS if getattr(d, n) != getattr(DataConfig, n)]
+            if changed:
+                raise ValueError(f"{', '.join(changed)} {'is an option' if len(changed) == 1 else 'are options'} "
+                                 f"of task 'brackets' only; task {d.task!r} must keep the default")
+        _number("beta2", o.beta2, at_least=0.0)
+        if o.beta2 >= 1.0:
+            raise ValueError(f"beta2 must lie in [0, 1), got {o.beta2}")
+        if o.warmup_steps >= self.steps:
+            warnings.warn(f"warmup_steps ({o.warmup_steps}) >= steps ({self.steps}): the learning rate never "
+                          f"reaches lr and never decays", stacklevel=2)
+
+    def _check_limits(self) -> None:
+        """The marginal method's size limit at this T: the spins a query enumerates (exact, reference, dqa: T
+        unless the window bounds them), the chain's width (banded: the coupling range, T - 1 by default)."""
+        a, T = self.attention, self.data.T
+        limit = {"exact": a.method_options.get("max_spins", EXACT_MAX_SPINS), "reference": 20,
+                 "dqa": DQA_MAX_SPINS}.get(a.method)
+        uses_marginals = a.mode not in ("softmax", "h", "fox", "stickbreaking")
+        if uses_marginals and limit is not None and T > limit and a.coupling != "window":
+            raise ValueError(f"T = {T} is beyond method {a.method!r}'s limit of {limit} spins; "
+                             "use method='banded' (with coupling='relative'), 'meanfield' or 'tap'")
+        if "K" in a.mode and a.method not in ("exact", "reference"):
+            raise ValueError(f"mode {a.mode!r} (three-body couplings) needs method='exact'")
+        if a.coupling == "relative" and a.method == "banded" and "J" in a.mode:
+            width = T - 1 if a.coupling_range is None else a.coupling_range
+            limit = a.method_options.get("max_bandwidth", BANDED_MAX_BANDWIDTH)
+            if width > limit:
+                raise ValueError(f"method 'banded' runs a chain of 2^w states for coupling range w = {width}"
+                                 f"{' (T - 1, the default)' if a.coupling_range is None else ''}, beyond its "
+                                 f"max_bandwidth {limit}; set coupling_range <= {limit}")
+
+
+def _choice(name: str, value, choices) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {tuple(choices)}")
+
+
+def _integer(name: str, value, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum or (
+            maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+
+
+def _number(name: str, value, *, above: float | None = None, at_least: float | None = None,
+            at_most: float | None = None, allow_inf: bool = False) -> None:
+    """ValueError unless value is a real number, finite (or +inf if allowed) and within the bounds."""
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and not math.isnan(value)
+    ok = ok and (math.isfinite(value) or (allow_inf and value == math.inf))
+    ok = ok and (above is None or value > above) and (at_least is None or value >= at_least)
+    ok = ok and (at_most is None or value <= at_most)
+    if not ok:
+        bounds = [f"> {above:g}" if above is not None else "", f">= {at_least:g}" if at_least is not None else "",
+                  f"<= {at_most:g}" if at_most is not None else ""]
+        bound = " and ".join(b for b in bounds if b)
+        kind = "a number (inf allowed)" if allow_inf else "a finite number"
+        raise ValueError(f"{name} must be {kind}{' ' + bound if bound else ''}, got {value!r}")
+
+
+def _check_method_options(method: str, options) -> None:
+    """ValueError for options that are not a dict of names, or (where the method's signature lists its
+    keyword options) for a name the method does not take."""
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise ValueError(f"method_options must be a dict of option names to values, got {options!r}")
+    if "max_spins" in options:
+        _integer("method_options['max_spins']", options["max_spins"], 1)
+    ising.validate_options(method, options)  # names, and the values the library checks up front
+    parameters = inspect.signature(ising.METHODS[method][0]).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return  # the method forwards its options: an unknown one is named at the first step
+    known = sorted(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for method {method!r}; known options: {known}")
+
 
 def _owners(cfg: TrainConfig) -> dict:
     """{flat name: the dataclass instance holding it}."""
@@ -163,4 +328,4 @@ LEGACY = {"init": "torch", "beta2": 0.95, "fused_optimizer": False, "train_seque
           "coupling_window": None, "coupling_window_relative": False, "memory_probe_steps": 0}
 
 __all__ = ["TrainConfig", "DataConfig", "ArchConfig", "AttentionConfig", "OptimConfig", "MeasureConfig", "FLAT",
-           "FIELDS", "LEGACY", "SECTIONS"]
+           "FIELDS", "LEGACY", "SECTIONS", "POSITIONS"]

@@ -1,6 +1,6 @@
 """The paper's model: a small pre-LayerNorm Transformer whose attention is any mode of Boltzmann attention.
 
-    tokens (B, T) -> token + learned position embeddings (B, T, d_model)
+    tokens (B, T) -> token (+ learned position) embeddings (B, T, d_model)
                   -> n_layers x [x + Attention(LN(x)); x + FFN(LN(x))]   (FFN optional: d_ff = 0 drops it)
                   -> LN -> head
 
@@ -14,68 +14,65 @@ Heads:
   on its own, even with input-independent attention (mode J reached 100% at T = 16 that way). Row 0 has no
   earlier position; its scores are all -inf except j = 0 (it never carries a label).
 
-Defaults are the paper's: 1 layer, 1 head, d_model 64, d_ff 128.
+Defaults are the paper's: 1 layer, 1 head, d_model 64, d_ff 128, learned absolute position embeddings.
+
+Position (``arch.position``): ``learned`` adds a learned embedding of each absolute position to the tokens;
+``rope`` and ``alibi`` leave the tokens alone and give every attention layer the relative scheme
+(:mod:`boltzmann_attention.positions`); ``none`` has no position information besides the causal mask (the
+learned-recency modes 'fox' and 'stickbreaking' are meant to run so).
 
 Initialisation (``init``):
 - ``gpt2`` (the default): nanoGPT's / GPT-2's scheme: every Linear and Embedding weight N(0, 0.02^2), zero biases, and
   the residual output projections (attention output, the FFN's second layer) N(0, (0.02 / sqrt(2 n_layers))^2).
-  LayerNorms stay at (1, 0); couplings and field biases keep their own initialisation. It gives softmax a
-  3.5-4.1% lower validation perplexity than ``torch`` on Shakespeare at T = 8 and 12 (report/baselines).
+  LayerNorms stay at (1, 0); couplings, field and slot biases keep their own initialisation (zero couplings
+  and slot biases, -log(T) / 2 field bias); FoX's forget gate is a Linear like the others, as in its authors'
+  code. It gives softmax a lower validation perplexity than ``torch`` on Shakespeare (report/baselines).
 - ``torch``: PyTorch's module defaults (nn.Embedding N(0, 1), nn.Linear uniform(+-1/sqrt(fan_in))): the
-  package's recipe before December 2026, that of the committed full, fair and sampling studies.
+  recipe of the committed full, fair and sampling studies.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import BoltzmannAttention
+from .config import INITS, LAYER_POSITION, POSITIONS, ArchConfig, AttentionConfig
 
 
 @dataclass
 class ModelConfig:
+    """Everything the model needs: the vocabulary, the window T, the architecture and the attention's options."""
+
     vocab_size: int
     max_len: int                      # the window T
-    mode: str = "h+J"                 # softmax | h | J | h+J | h+K | h+J+K
-    method: str = "exact"             # how marginals are computed (boltzmann_attention.ising)
-    d_model: int = 64
-    n_heads: int = 1
-    n_layers: int = 1
-    d_ff: int = 128                   # 0: no FFN (the paper's attention-only ablation)
+    arch: ArchConfig = field(default_factory=ArchConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
     head: str = "lm"                  # lm | position
-    coupling: str = "full"            # full | relative | window
-    coupling_range: int | None = None  # relative: J = 0 beyond this distance (None: max_len - 1)
-    coupling_window: int | None = None  # window: the W coupled keys of each query (coupling 'window' only)
-    coupling_window_relative: bool = False  # window: J_ab = f(|a - b|) instead of a free (W, W) matrix
-    coupling_init_std: float = 0.0
-    field_bias_init: float | None = None  # None: -log(max_len) / 2
-    learn_field_bias: bool = True
-    method_options: dict = field(default_factory=dict)
-    init: str = "gpt2"                # gpt2 | torch (see the module docstring)
 
-
-INITS = ("torch", "gpt2")
+    @classmethod
+    def build(cls, vocab_size: int, max_len: int, head: str = "lm", **options) -> ModelConfig:
+        """A config from flat options: ArchConfig's fields go to ``arch``, the others to ``attention``."""
+        arch = {f.name for f in fields(ArchConfig)}
+        return cls(vocab_size, max_len, ArchConfig(**{k: v for k, v in options.items() if k in arch}),
+                   AttentionConfig(**{k: v for k, v in options.items() if k not in arch}), head)
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.ln_attn = nn.LayerNorm(cfg.d_model)
-        self.attn = BoltzmannAttention(
-            cfg.d_model, cfg.n_heads, max_len=cfg.max_len, mode=cfg.mode, method=cfg.method, causal=True,
-            coupling=cfg.coupling, coupling_range=cfg.coupling_range, coupling_window=cfg.coupling_window,
-            coupling_window_relative=cfg.coupling_window_relative, coupling_init_std=cfg.coupling_init_std,
-            field_bias_init=cfg.field_bias_init, learn_field_bias=cfg.learn_field_bias,
-            method_options=cfg.method_options)
+        d_model = cfg.arch.d_model
+        self.ln_attn = nn.LayerNorm(d_model)
+        self.attn = BoltzmannAttention(d_model, cfg.arch.n_heads, max_len=cfg.max_len, causal=True,
+                                       position=LAYER_POSITION[cfg.arch.position], **asdict(cfg.attention))
         self.ffn = None
-        if cfg.d_ff > 0:
-            self.ln_ffn = nn.LayerNorm(cfg.d_model)
-            self.ffn = nn.Sequential(nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model))
+        if cfg.arch.d_ff > 0:
+            self.ln_ffn = nn.LayerNorm(d_model)
+            self.ffn = nn.Sequential(nn.Linear(d_model, cfg.arch.d_ff), nn.GELU(), nn.Linear(cfg.arch.d_ff, d_model))
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_attn(x))[0]
@@ -89,15 +86,18 @@ class Model(nn.Module):
         super().__init__()
         if cfg.head not in ("lm", "position"):
             raise ValueError(f"unknown head {cfg.head!r}; choose 'lm' or 'position'")
-        if cfg.init not in INITS:
-            raise ValueError(f"unknown init {cfg.init!r}; choose one of {INITS}")
+        if cfg.arch.init not in INITS:
+            raise ValueError(f"unknown init {cfg.arch.init!r}; choose one of {INITS}")
+        if cfg.arch.position not in POSITIONS:
+            raise ValueError(f"unknown position {cfg.arch.position!r}; choose one of {POSITIONS}")
         self.cfg = cfg
-        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_out = nn.LayerNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size if cfg.head == "lm" else cfg.max_len)
-        if cfg.init == "gpt2":
+        d_model = cfg.arch.d_model
+        self.token_embedding = nn.Embedding(cfg.vocab_size, d_model)
+        self.position_embedding = nn.Embedding(cfg.max_len, d_model) if cfg.arch.position == "learned" else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.arch.n_layers))
+        self.ln_out = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, cfg.vocab_size if cfg.head == "lm" else cfg.max_len)
+        if cfg.arch.init == "gpt2":
             self._init_gpt2()
 
     def _init_gpt2(self) -> None:
@@ -108,7 +108,7 @@ class Model(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        residual_std = 0.02 / math.sqrt(2 * self.cfg.arch.n_layers)
         for block in self.blocks:
             nn.init.normal_(block.attn.out.weight, mean=0.0, std=residual_std)
             if block.ffn is not None:
@@ -119,7 +119,9 @@ class Model(nn.Module):
         B, T = tokens.shape
         if T > self.cfg.max_len:
             raise ValueError(f"sequence length {T} exceeds the model's max_len {self.cfg.max_len}")
-        x = self.token_embedding(tokens) + self.position_embedding(torch.arange(T, device=tokens.device))
+        x = self.token_embedding(tokens)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(torch.arange(T, device=tokens.device))
         for block in self.blocks:
             x = block(x)
         out = self.head(self.ln_out(x))

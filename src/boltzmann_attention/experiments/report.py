@@ -21,7 +21,7 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +144,7 @@ def excluded_lines(res: Results) -> list[str]:
 
 def _variant_settings(runs: list[Run]) -> dict[str, str]:
     """Per variant, the config fields that differ from TrainConfig's defaults (besides the grid axes)."""
-    defaults = {f.name: (f.default if f.default is not MISSING else f.default_factory()) for f in fields(TrainConfig)}
+    defaults = TrainConfig().flat()
     axes = {"task", "T", "mode", "method", "seed"}
     by_variant: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
     for r in runs:

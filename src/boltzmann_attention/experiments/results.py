@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .train import LEGACY_CONFIG, write_result
+from .config import TrainConfig
+from .train import write_result
 
 ARCHIVE = "runs.jsonl.gz"  # every run's result, one JSON per line, written next to each report
 MODE_ORDER = ("softmax", "h+J", "h", "J", "h+K", "h+J+K")
@@ -72,10 +73,12 @@ def problems(result) -> list[str]:
     missing = [k for k in ("config", "metrics") if not isinstance(result.get(k), dict)]
     if missing:
         return [f"{k} is missing" for k in missing]
-    missing = [k for k in ("task", "T", "mode", "method", "seed") if k not in result["config"]]
+    saved = result["config"]
+    flat = {k: v for part in (saved, *(v for v in saved.values() if isinstance(v, dict))) for k, v in part.items()}
+    missing = [k for k in ("task", "T", "mode", "method", "seed") if k not in flat]
     if missing:
         return [f"config.{k} is missing" for k in missing]
-    return metric_problems(str(result["config"]["task"]), result["metrics"])
+    return metric_problems(str(flat["task"]), result["metrics"])
 
 
 def file_problems(path: str | Path) -> list[str]:
@@ -169,7 +172,7 @@ def _load_run(path: Path, text: str) -> Run:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"malformed result file {path}: {e}") from None
     try:
-        cfg = {**LEGACY_CONFIG, **d["config"]}  # what a run recorded before a field existed used
+        cfg = TrainConfig.from_dict(d["config"]).flat()  # nested, or flat from before the nesting (LEGACY)
         T = int(cfg["T"])
         metrics = d["metrics"]
         if not isinstance(metrics.get("val"), dict):

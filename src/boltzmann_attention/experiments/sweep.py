@@ -68,13 +68,13 @@ class Grid:
                 for mode in self.modes:
                     for method in self.methods:
                         for seed in self.seeds:
-                            cfg = TrainConfig(task=task, T=T, mode=mode, method=method, seed=seed, **overrides)
+                            cfg = TrainConfig.build(task=task, T=T, mode=mode, method=method, seed=seed, **overrides)
                             out.append((run_name(cfg, self.variant), cfg))
         return out
 
 
 def run_name(cfg: TrainConfig, variant: str = "base") -> str:
-    return f"{cfg.task}-T{cfg.T}-{cfg.mode}-{cfg.method}-{variant}-s{cfg.seed}"
+    return f"{cfg.data.task}-T{cfg.data.T}-{cfg.attention.mode}-{cfg.attention.method}-{variant}-s{cfg.seed}"
 
 
 def with_field_bias(grids: list[Grid], field_bias: str) -> list[Grid]:

@@ -27,11 +27,9 @@ checkpoint holds every rank's RNG states, so a run resumes with the number of pr
 from __future__ import annotations
 
 import hashlib
-import inspect
 import io
 import json
 import math
-import numbers
 import os
 import pickle
 import re
@@ -41,7 +39,7 @@ import tempfile
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -50,237 +48,18 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import ising
-from ..attention import MODES, BoltzmannAttention, parameter_groups
-from ..ising.annealing import MAX_SPINS as DQA_MAX_SPINS
-from ..ising.banded import MAX_BANDWIDTH as BANDED_MAX_BANDWIDTH
+from ..attention import BoltzmannAttention, parameter_groups
 from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
 from ..ising.meanfield import ConvergenceWarning
-from ..ising.window import MAX_SPINS as WINDOW_MAX_SPINS
 from ..provenance import machine_info
 from . import data as datasets
-from .model import INITS, Model, ModelConfig, loss_fn
+from .config import COUPLINGS, LEGACY, TASKS, TrainConfig, _integer
+from .model import Model, ModelConfig, loss_fn
 
-TASKS = ("shakespeare", "brackets")
-COUPLINGS = ("full", "relative", "window")
+__all__ = ["COUPLINGS", "LEGACY", "TASKS", "TrainConfig", "train", "setup_run", "train_step", "build_optimizer",
+           "write_result", "read_checkpoint", "default_checkpoint", "default_threads", "memory_probe", "model_config"]
 CHECKPOINT_FORMAT = 2
 _MAGIC = b"boltzmann-attention checkpoint 2\n"  # then 64 hex digits of sha256(payload), a newline, the payload
-MAX_SEED = 2**53
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-
-
-# Fields added to TrainConfig after results were first recorded, with the value that runs recorded without
-# them used. The default init became gpt2 on 2026-12-01 (the strong-baselines study: softmax's perplexity at
-# T = 8 and 12 is 3.5-4.1% lower with it); fused AdamW became the default the same day. The bracket task's
-# difficulty options (train_sequences .. deduplicate) came later still; their defaults are the old generator.
-# The coupling options (coupling_range, the window's) and the memory probe came with the real-size study.
-LEGACY_CONFIG = {"init": "torch", "beta2": 0.95, "fused_optimizer": False,
-                 "train_sequences": datasets.SIZES[0], "min_fill": datasets.MIN_FILL,
-                 "max_fill": datasets.MAX_FILL, "open_probability": datasets.OPEN_PROBABILITY,
-                 "deduplicate": False, "coupling_range": None, "coupling_window": None,
-                 "coupling_window_relative": False, "memory_probe_steps": 0}
-# The bracket task's options: a Shakespeare run that changes one is refused (it would mean nothing).
-BRACKET_OPTIONS = ("num_fillers", "train_sequences", "min_fill", "max_fill", "open_probability", "deduplicate")
-
-
-@dataclass
-class TrainConfig:
-    task: str = "shakespeare"          # shakespeare | brackets
-    T: int = 8                         # window length = number of spins per query
-    mode: str = "h+J"
-    method: str = "exact"
-    seed: int = 0
-    steps: int = 4000
-    batch_size: int = 64
-    lr: float = 3e-3
-    warmup_steps: int = 200
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    eval_interval: int = 1000
-    eval_windows: int = 2048           # Shakespeare validation windows (fixed, deterministic)
-    d_model: int = 64
-    n_heads: int = 1
-    n_layers: int = 1
-    d_ff: int = 128                    # 0 removes the FFN
-    coupling: str = "full"             # full | relative | window
-    coupling_range: int | None = None  # relative: J = 0 beyond this distance (None: T - 1)
-    coupling_window: int | None = None  # window: the W coupled keys of each query (coupling 'window' only)
-    coupling_window_relative: bool = False  # window: J_ab = f(|a - b|) instead of a free (W, W) matrix
-    coupling_init_std: float = 0.0
-    coupling_lr_multiplier: float = 1.0  # lr of J and K relative to lr
-    field_bias_init: float | None = None  # None: -log(T) / 2
-    learn_field_bias: bool = True
-    num_fillers: int = 8               # brackets: filler vocabulary
-    method_options: dict = field(default_factory=dict)
-    init: str = "gpt2"                 # gpt2 | torch: the model's initialisation (experiments.model)
-    beta2: float = 0.95                # AdamW's second-moment decay (nanoGPT's Shakespeare config: 0.99)
-    fused_optimizer: bool = True       # AdamW's fused kernel (False: the per-tensor loop, as before Dec 2026)
-    # Brackets: the difficulty (experiments.data.generate_brackets and BracketData; the defaults are the
-    # generator of the studies before these options existed).
-    train_sequences: int = 20000       # the fixed training set (validation and test: 2000 each)
-    min_fill: float = 0.0              # the word's pairs p / (T // 2) lie in [min_fill, max_fill], p >= 1;
-    max_fill: float = 1.0              # the filler density is 1 - 2p / T
-    open_probability: float = 0.5      # the word opens with this probability where it may (higher: deeper)
-    deduplicate: bool = False          # redraw validation and test sequences that occur in the training set
-    # Measurement, not training: n > 0 runs n training steps of this config in a fresh Python process before
-    # training and records that process's peak memory in the result ('memory'; see :func:`memory_probe`).
-    memory_probe_steps: int = 0
-
-    def validate(self) -> None:
-        """Raise ValueError for anything that would fail or train wrongly later, before any training.
-
-        Checks every field's type and range, the mode/method/T combination and the names of
-        ``method_options`` where the method's signature lists them (otherwise the library checks them at
-        the first step). Warns (UserWarning) when warm-up never ends (warmup_steps >= steps).
-        """
-        _choice("task", self.task, TASKS)
-        _choice("mode", self.mode, MODES)
-        _choice("method", self.method, sorted(ising.METHODS))
-        _choice("coupling", self.coupling, COUPLINGS)
-        _integer("T", self.T, 2)
-        _integer("seed", self.seed, 0, MAX_SEED - 1)
-        for name, minimum in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("eval_interval", 1),
-                              ("eval_windows", 1), ("d_model", 1), ("n_heads", 1), ("n_layers", 1), ("d_ff", 0),
-                              ("num_fillers", 1), ("train_sequences", 1), ("memory_probe_steps", 0)):
-            _integer(name, getattr(self, name), minimum)
-        _number("lr", self.lr, above=0.0)
-        _number("min_lr_ratio", self.min_lr_ratio, at_least=0.0, at_most=1.0)
-        _number("weight_decay", self.weight_decay, at_least=0.0)
-        _number("grad_clip", self.grad_clip, above=0.0, allow_inf=True)  # inf: no clipping
-        _number("coupling_init_std", self.coupling_init_std, at_least=0.0)
-        _number("coupling_lr_multiplier", self.coupling_lr_multiplier, above=0.0)
-        if self.field_bias_init is not None:
-            _number("field_bias_init", self.field_bias_init)
-        for name in ("learn_field_bias", "fused_optimizer", "deduplicate", "coupling_window_relative"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        for name, value in (("lr", self.lr), ("lr * coupling_lr_multiplier", self.lr * self.coupling_lr_multiplier)):
-            if value > FLOAT32_MAX:
-                raise ValueError(f"{name} = {value:g} overflows float32, the training precision")
-        if self.lr * self.weight_decay >= 1.0:
-            raise ValueError(f"lr * weight_decay must be < 1 (AdamW scales the weights by 1 - lr * weight_decay "
-                             f"every step), got {self.lr * self.weight_decay:g}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        _check_method_options(self.method, self.method_options)
-        self._check_coupling_options()
-        limit = {"exact": self.method_options.get("max_spins", EXACT_MAX_SPINS), "reference": 20,
-                 "dqa": DQA_MAX_SPINS}.get(self.method)
-        if self.mode not in ("softmax", "h") and limit is not None and self.T > limit and self.coupling != "window":
-            raise ValueError(f"T = {self.T} is beyond method {self.method!r}'s limit of {limit} spins; "
-                             "use method='banded' (with coupling='relative'), 'meanfield' or 'tap'")
-        if "K" in self.mode and self.method not in ("exact", "reference"):
-            raise ValueError(f"mode {self.mode!r} (three-body couplings) needs method='exact'")
-        _choice("init", self.init, INITS)
-        for name in ("min_fill", "max_fill", "open_probability"):
-            _number(name, getattr(self, name), at_least=0.0, at_most=1.0)
-        datasets.word_pairs(self.T, self.min_fill, self.max_fill)  # some word length fits at this T
-        if self.task != "brackets":
-            changed = [n for n in BRACKET_OPTIONS if getattr(self, n) != getattr(TrainConfig, n)]
-            if changed:
-                raise ValueError(f"{', '.join(changed)} {'is an option' if len(changed) == 1 else 'are options'} "
-                                 f"of task 'brackets' only; task {self.task!r} must keep the default")
-        _number("beta2", self.beta2, at_least=0.0)
-        if self.beta2 >= 1.0:
-            raise ValueError(f"beta2 must lie in [0, 1), got {self.beta2}")
-        if self.warmup_steps >= self.steps:
-            warnings.warn(f"warmup_steps ({self.warmup_steps}) >= steps ({self.steps}): the learning rate never "
-                          f"reaches lr and never decays", stacklevel=2)
-
-    def _check_coupling_options(self) -> None:
-        """coupling_range with 'relative' only (and within banded's bandwidth limit), the window's options with
-        'window' only, and the window with what computes it: mode h+J or J, method exact, W <= its limit."""
-        if self.coupling_range is not None:
-            if self.coupling != "relative":
-                raise ValueError(f"coupling_range applies to coupling='relative' only, got coupling={self.coupling!r}")
-            _integer("coupling_range", self.coupling_range, 0)
-        if self.coupling != "window":
-            for name, unset in (("coupling_window", None), ("coupling_window_relative", False)):
-                if getattr(self, name) != unset:
-                    raise ValueError(f"{name} applies to coupling='window' only, got coupling={self.coupling!r}")
-        if self.coupling == "relative" and self.method == "banded" and "J" in self.mode:
-            width = self.T - 1 if self.coupling_range is None else self.coupling_range
-            limit = self.method_options.get("max_bandwidth", BANDED_MAX_BANDWIDTH)
-            if width > limit:
-                raise ValueError(f"method 'banded' runs a chain of 2^w states for coupling range w = {width}"
-                                 f"{' (T - 1, the default)' if self.coupling_range is None else ''}, beyond its "
-                                 f"max_bandwidth {limit}; set coupling_range <= {limit}")
-        if self.coupling != "window":
-            return
-        if self.coupling_window is None:
-            raise ValueError("coupling='window' needs coupling_window=W, the number of coupled keys of each query")
-        _integer("coupling_window", self.coupling_window, 1)
-        if self.mode not in ("h+J", "J"):
-            raise ValueError(f"coupling='window' needs a mode with pairwise couplings and no three-body terms "
-                             f"('h+J' or 'J'), got mode {self.mode!r}")
-        if self.method != "exact":
-            raise ValueError(f"coupling='window' is computed by method 'exact' only, got method {self.method!r}")
-        limit = self.method_options.get("max_spins", WINDOW_MAX_SPINS)
-        if self.coupling_window > limit:
-            raise ValueError(f"coupling_window = {self.coupling_window} is beyond the window's limit of {limit} "
-                             "coupled spins (method_options max_spins)")
-
-    def model_config(self, vocab_size: int) -> ModelConfig:
-        return ModelConfig(
-            vocab_size=vocab_size, max_len=self.T, mode=self.mode, method=self.method, d_model=self.d_model,
-            n_heads=self.n_heads, n_layers=self.n_layers, d_ff=self.d_ff,
-            head="lm" if self.task == "shakespeare" else "position", coupling=self.coupling,
-            coupling_range=self.coupling_range, coupling_window=self.coupling_window,
-            coupling_window_relative=self.coupling_window_relative, coupling_init_std=self.coupling_init_std,
-            field_bias_init=self.field_bias_init, learn_field_bias=self.learn_field_bias,
-            method_options=self.method_options, init=self.init)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown config fields: {sorted(unknown)}")
-        return cls(**d)
-
-
-def _choice(name: str, value, choices) -> None:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {tuple(choices)}")
-
-
-def _integer(name: str, value, minimum: int, maximum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum or (
-            maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
-
-
-def _number(name: str, value, *, above: float | None = None, at_least: float | None = None,
-            at_most: float | None = None, allow_inf: bool = False) -> None:
-    """ValueError unless value is a real number, finite (or +inf if allowed) and within the bounds."""
-    ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and not math.isnan(value)
-    ok = ok and (math.isfinite(value) or (allow_inf and value == math.inf))
-    ok = ok and (above is None or value > above) and (at_least is None or value >= at_least)
-    ok = ok and (at_most is None or value <= at_most)
-    if not ok:
-        bounds = [f"> {above:g}" if above is not None else "", f">= {at_least:g}" if at_least is not None else "",
-                  f"<= {at_most:g}" if at_most is not None else ""]
-        bound = " and ".join(b for b in bounds if b)
-        kind = "a number (inf allowed)" if allow_inf else "a finite number"
-        raise ValueError(f"{name} must be {kind}{' ' + bound if bound else ''}, got {value!r}")
-
-
-def _check_method_options(method: str, options) -> None:
-    """ValueError for options that are not a dict of names, or (where the method's signature lists its
-    keyword options) for a name the method does not take."""
-    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
-        raise ValueError(f"method_options must be a dict of option names to values, got {options!r}")
-    if "max_spins" in options:
-        _integer("method_options['max_spins']", options["max_spins"], 1)
-    ising.validate_options(method, options)  # names, and the values the library checks up front (e.g. DQA's)
-    parameters = inspect.signature(ising.METHODS[method][0]).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return  # the method forwards its options: an unknown one is named at the first step (see _train)
-    known = sorted(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for method {method!r}; known options: {known}")
 
 
 class Task:
@@ -288,21 +67,22 @@ class Task:
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        if cfg.task == "shakespeare":
+        if cfg.data.task == "shakespeare":
             self.data = datasets.ShakespeareData()
             self.vocab_size = self.data.vocab.size
-            self.val = self.data.val_windows(cfg.T, max_windows=cfg.eval_windows)
+            self.val = self.data.val_windows(cfg.data.T, max_windows=cfg.data.eval_windows)
         else:
             self.data = datasets.BracketData(
-                cfg.T, seed=cfg.seed, num_fillers=cfg.num_fillers,
-                sizes=(cfg.train_sequences, *datasets.SIZES[1:]), min_fill=cfg.min_fill, max_fill=cfg.max_fill,
-                open_probability=cfg.open_probability, deduplicate=cfg.deduplicate)
+                cfg.data.T, seed=cfg.seed, num_fillers=cfg.data.num_fillers,
+                sizes=(cfg.data.train_sequences, *datasets.SIZES[1:]), min_fill=cfg.data.min_fill,
+                max_fill=cfg.data.max_fill, open_probability=cfg.data.open_probability,
+                deduplicate=cfg.data.deduplicate)
             self.vocab_size = self.data.vocab_size
             self.val = self.data.val
 
     def batch(self, batch_size: int, generator: torch.Generator):
-        if self.cfg.task == "shakespeare":
-            return self.data.train_batch(batch_size, self.cfg.T, generator)
+        if self.cfg.data.task == "shakespeare":
+            return self.data.train_batch(batch_size, self.cfg.data.T, generator)
         return self.data.train_batch(batch_size, generator)
 
     @torch.no_grad()
@@ -318,14 +98,14 @@ class Task:
             labelled = yb != -100
             nll_sum += float(nll[labelled].sum())
             count += int(labelled.sum())
-            if self.cfg.task == "shakespeare":
+            if self.cfg.data.task == "shakespeare":
                 nll_last += float(nll[:, -1].sum())
             else:
                 right = out.argmax(-1) == yb
                 correct += int((right & labelled).sum())
                 whole += int((right | ~labelled).all(dim=1).sum())
         loss = nll_sum / count
-        if self.cfg.task == "shakespeare":
+        if self.cfg.data.task == "shakespeare":
             last = nll_last / len(x)
             return {"loss": loss, "ppl": _exp(loss), "loss_last": last, "ppl_last": _exp(last)}
         return {"loss": loss, "accuracy": correct / count, "accuracy_sequence": whole / len(x)}
@@ -336,28 +116,28 @@ def _exp(x: float) -> float:
 
 
 def _lr_factor(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    if step < cfg.optim.warmup_steps:
+        return (step + 1) / cfg.optim.warmup_steps
+    progress = (step - cfg.optim.warmup_steps) / max(1, cfg.steps - cfg.optim.warmup_steps)
+    return cfg.optim.min_lr_ratio + (1 - cfg.optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def build_optimizer(model: Model, cfg: TrainConfig) -> torch.optim.Optimizer:
-    groups = parameter_groups(model, cfg.weight_decay)
+    groups = parameter_groups(model, cfg.optim.weight_decay)
     couplings = [p for name, p in model.named_parameters() if ("couplings" in name or "three_body" in name)]
-    if couplings and cfg.coupling_lr_multiplier != 1.0:
+    if couplings and cfg.optim.coupling_lr_multiplier != 1.0:
         ids = {id(p) for p in couplings}
         for g in groups:
             g["params"] = [p for p in g["params"] if id(p) not in ids]
-        groups.append({"params": couplings, "weight_decay": 0.0, "lr_multiplier": cfg.coupling_lr_multiplier})
+        groups.append({"params": couplings, "weight_decay": 0.0, "lr_multiplier": cfg.optim.coupling_lr_multiplier})
     for g in groups:
-        g["lr"] = cfg.lr * g.get("lr_multiplier", 1.0)
+        g["lr"] = cfg.optim.lr * g.get("lr_multiplier", 1.0)
     # fused AdamW: one kernel over all parameters instead of a dozen ops per tensor (the paper's model has
     # ~20 small tensors, so the optimiser step was mostly per-op overhead); CPU and CUDA support it. It rounds
     # differently from the per-tensor loop, so a study keeps one of the two for all its runs.
-    fused = cfg.fused_optimizer and all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
+    fused = cfg.optim.fused_optimizer and all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
                                         for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2), fused=fused or None)
+    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(0.9, cfg.optim.beta2), fused=fused or None)
 
 
 def default_checkpoint(out: str | Path) -> Path:
@@ -466,9 +246,13 @@ def load_checkpoint(path: Path, cfg: TrainConfig, model, optimizer, scheduler, g
     """Restore a checkpoint written by :func:`save_checkpoint` for the same config and number of processes
     (process ``rank`` of ``world`` takes its own RNG states); returns (step, history, elapsed seconds)."""
     state = read_checkpoint(path)
-    saved = {**LEGACY_CONFIG, **state["config"]}  # a checkpoint written before a field existed
-    if saved != asdict(cfg):
-        diff = {k: (saved.get(k), v) for k, v in asdict(cfg).items() if saved.get(k) != v}
+    try:
+        saved = TrainConfig.from_dict(state["config"]).flat()  # nested, or flat from before the nesting
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"checkpoint {path} holds an unreadable config ({e}); delete it to restart the run "
+                         "from step 0") from None
+    if saved != cfg.flat():
+        diff = {k: (saved.get(k), v) for k, v in cfg.flat().items() if saved.get(k) != v}
         raise ValueError(f"checkpoint {path} was written for another config; differences (saved, now): {diff}")
     step, elapsed, data_rng, torch_rng = state["step"], state["elapsed_s"], state["data_rng"], state["torch_rng"]
     if (not isinstance(step, int) or not 0 <= step <= cfg.steps or not isinstance(elapsed, float)
@@ -538,7 +322,7 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
         rank, world = dist.get_rank(), dist.get_world_size()
         if cfg.batch_size % world:
             raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the world size {world}")
-    memory = memory_probe(cfg) if cfg.memory_probe_steps and rank == 0 else None
+    memory = memory_probe(cfg) if cfg.measure.memory_probe_steps and rank == 0 else None
     task, model, optimizer, scheduler, generator = setup_run(cfg, rank)
     start, history, elapsed = 0, [], 0.0
     if checkpoint and checkpoint.exists():
@@ -549,7 +333,7 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     t0 = time.perf_counter()
     bar = _progress_bar(cfg, start, enabled=progress and rank == 0)
     stepped = False  # has this segment made an optimiser step (then a failure means divergence)
-    unconverged = Unconverged(enabled=cfg.method in ising.ITERATIVE_METHODS)
+    unconverged = Unconverged(enabled=cfg.attention.method in ising.ITERATIVE_METHODS)
     for step in range(start, cfg.steps):
         x, y = task.batch(cfg.batch_size // world, generator)
         try:
@@ -558,7 +342,7 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
             stepped = True
             scheduler.step()
             done = step + 1
-            if rank == 0 and (done % cfg.eval_interval == 0 or done == cfg.steps):
+            if rank == 0 and (done % cfg.measure.eval_interval == 0 or done == cfg.steps):
                 model.eval()
                 with unconverged.watch("evaluations"):
                     metrics = task.evaluate(model)
@@ -573,8 +357,8 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
         except TypeError as e:  # a method that forwards its options (validate cannot see their names)
             if stepped or "unexpected keyword argument" not in str(e):
                 raise
-            raise ValueError(f"method_options {cfg.method_options} has an option that method {cfg.method!r} "
-                             f"does not take: {e}") from None
+            raise ValueError(f"method_options {cfg.attention.method_options} has an option that method "
+                             f"{cfg.attention.method!r} does not take: {e}") from None
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", **({"val": _headline(history[-1])} if history else {}))
@@ -596,27 +380,39 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
               **machine_info()}
     if memory is not None:
         result["memory"] = memory
-    if cfg.task == "brackets":
+    if cfg.data.task == "brackets":
         with unconverged.watch("evaluations"):
             result["metrics"]["test"] = task.evaluate(model, "test")
         result["data"] = {f"{split}_in_train": v for split, v in task.data.in_train.items()}
     if unconverged.found():
         result["convergence"] = unconverged.summary()
-    if cfg.method in ising.SAMPLED_METHODS and cfg.T <= EXACT_MAX_SPINS:
+    if cfg.attention.method in ising.SAMPLED_METHODS and cfg.data.T <= EXACT_MAX_SPINS:
         # the same weights with exact marginals: what training through the sampler learned, apart from the
         # sampler's own behaviour (noise, and a non-Boltzmann distribution for dqa/sqa) at evaluation
         with marginals_method(model, "exact"):
             result["metrics"]["val_exact"] = task.evaluate(model)
-            if cfg.task == "brackets":
+            if cfg.data.task == "brackets":
                 result["metrics"]["test_exact"] = task.evaluate(model, "test")
-    attn = model.blocks[0].attn
-    if attn.couplings is not None:
-        result["couplings"] = attn.couplings(cfg.T).detach().tolist()  # (H, T, T), first layer; window: (H, W, W)
-    if attn.field_bias is not None:
-        result["field_bias"] = attn.field_bias.detach().tolist()
+    layers = [learned_priors(block.attn, cfg.data.T) for block in model.blocks]
+    if any(layers):
+        result["layers"] = layers  # every layer's couplings, field and slot biases
+        result.update({k: layers[0][k] for k in ("couplings", "field_bias") if k in layers[0]})  # layer 0, as before
     if distributed:
         dist.barrier()
     return result if rank == 0 else None
+
+
+def learned_priors(attn: BoltzmannAttention, T: int) -> dict:
+    """The layer's learned couplings ((H, T, T), or (H, W, W) by slot for the window), field bias (H,) and slot
+    bias (H, W), as lists; only those it has."""
+    out = {}
+    if attn.couplings is not None:
+        out["couplings"] = attn.couplings(T).detach().tolist()
+    if attn.field_bias is not None:
+        out["field_bias"] = attn.field_bias.detach().tolist()
+    if attn.slot_bias is not None:
+        out["slot_bias"] = attn.slot_bias.weight.detach().tolist()
+    return out
 
 
 class Unconverged:
@@ -664,12 +460,18 @@ class Unconverged:
                 "evaluations": n["evaluations"], "first": self.first, "last": self.last}
 
 
+def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
+    """The model of ``cfg`` for a vocabulary: its window T, architecture, attention, and the task's head."""
+    return ModelConfig(vocab_size=vocab_size, max_len=cfg.data.T, arch=cfg.model, attention=cfg.attention,
+                       head="lm" if cfg.data.task == "shakespeare" else "position")
+
+
 def setup_run(cfg: TrainConfig, rank: int = 0):
     """The task, the model (initialised from cfg.seed), its optimiser and schedule, and the data generator
     of process ``rank``."""
     task = Task(cfg)
     torch.manual_seed(cfg.seed)
-    model = Model(cfg.model_config(task.vocab_size))
+    model = Model(model_config(cfg, task.vocab_size))
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, cfg))
     generator = torch.Generator().manual_seed(cfg.seed * 1000 + 1 + rank)
@@ -683,7 +485,7 @@ def train_step(net, model: Model, optimizer, x: Tensor, y: Tensor, cfg: TrainCon
         raise ValueError(f"the training loss is {loss.item()}")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
     optimizer.step()
     return loss
 
@@ -697,7 +499,7 @@ def memory_probe(cfg: TrainConfig, threads: int | None = None) -> dict:
     """The memory that training ``cfg`` takes, measured in a fresh Python process.
 
     The process builds the data, model and optimiser of ``cfg`` as a run does, then makes
-    ``cfg.memory_probe_steps`` training steps (at cfg.batch_size; no evaluation). Returned: its peak resident
+    ``cfg.measure.memory_probe_steps`` training steps (at cfg.batch_size; no evaluation). Returned: its peak resident
     set size (the high-water mark of that process alone, see :func:`_peak_rss_mib`), its RSS before the
     first step (Linux: /proc/self/status; else None), their
     difference (the steps' working memory: activations, gradients, optimiser state), in MiB, and how it
@@ -706,13 +508,13 @@ def memory_probe(cfg: TrainConfig, threads: int | None = None) -> dict:
     the process (default: this process's). ValueError with the process's last output if it fails.
     """
     cfg.validate()
-    _integer("memory_probe_steps", cfg.memory_probe_steps, 1)
+    _integer("memory_probe_steps", cfg.measure.memory_probe_steps, 1)
     root = str(Path(__file__).resolve().parents[2])  # the folder holding the boltzmann_attention package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     request = json.dumps({"config": asdict(cfg), "threads": threads or torch.get_num_threads()})
     done = subprocess.run([sys.executable, "-c", _PROBE], input=request, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        raise ValueError(f"the memory probe of {cfg.memory_probe_steps} steps failed (exit {done.returncode}): "
+        raise ValueError(f"the memory probe of {cfg.measure.memory_probe_steps} steps failed (exit {done.returncode}): "
                          f"{done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -724,11 +526,11 @@ def _probe_main() -> None:
     cfg = TrainConfig.from_dict(request["config"])
     task, model, optimizer, _, generator = setup_run(cfg)
     before = _rss_mib()
-    for _ in range(cfg.memory_probe_steps):
+    for _ in range(cfg.measure.memory_probe_steps):
         train_step(model, model, optimizer, *task.batch(cfg.batch_size, generator), cfg)
     peak = _peak_rss_mib()
     print(json.dumps({"peak_rss_mib": peak, "rss_before_steps_mib": before,
-                      "steps_mib": None if before is None else peak - before, "steps": cfg.memory_probe_steps,
+                      "steps_mib": None if before is None else peak - before, "steps": cfg.measure.memory_probe_steps,
                       "batch_size": cfg.batch_size, "threads": torch.get_num_threads(),
                       "how": "a fresh Python process: data, model and optimiser built as in a run, then the "
                              "training steps (no evaluation); peak = the process's VmHWM"}))
@@ -767,8 +569,9 @@ def _peak_rss_mib() -> float:
 def _diverged(cfg: TrainConfig, step: int, model: Model, what: str) -> ValueError:
     largest = max(float(p.detach().abs().max()) for p in model.parameters())
     return ValueError(f"training diverged at step {step + 1} of {cfg.steps}: {what} (largest weight magnitude "
-                      f"{largest:.3g}); lower lr (now {cfg.lr:g}) or coupling_lr_multiplier "
-                      f"(now {cfg.coupling_lr_multiplier:g}), or clip gradients (grad_clip now {cfg.grad_clip:g})")
+                      f"{largest:.3g}); lower lr (now {cfg.optim.lr:g}) or coupling_lr_multiplier "
+                      f"(now {cfg.optim.coupling_lr_multiplier:g}), or clip gradients "
+                      f"(grad_clip now {cfg.optim.grad_clip:g})")
 
 
 def _per_rank(state: Tensor, world: int) -> Tensor:
@@ -803,8 +606,8 @@ def _progress_bar(cfg: TrainConfig, start: int, enabled: bool):
         return None
     from .progress import progress
 
-    return progress(total=cfg.steps, initial=start, desc=f"{cfg.task} T={cfg.T} {cfg.mode}", unit="step",
-                leave=False, dynamic_ncols=True)
+    return progress(total=cfg.steps, initial=start, desc=f"{cfg.data.task} T={cfg.data.T} {cfg.attention.mode}",
+                    unit="step", leave=False, dynamic_ncols=True)
 
 
 def write_result(result: dict, path: str | Path) -> None:

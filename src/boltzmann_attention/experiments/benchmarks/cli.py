@@ -220,7 +220,7 @@ def run_steps(args) -> None:
         sys.exit(f"no run of profile {args.profile} matches {args.match!r}")
     times = training.time_steps(configs, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
                                 threads=args.threads)
-    reference = next((name for name, cfg in configs.items() if cfg.mode == "softmax"), next(iter(configs)))
+    reference = next((name for name, cfg in configs.items() if cfg.attention.mode == "softmax"), next(iter(configs)))
     print(stamp_line(stamp))
     schedule = (f"{plural(args.warmup, 'warm-up step')} each, then {plural(args.rounds, 'interleaved round')} of "
                 f"{plural(args.steps, 'step')}")

@@ -8,7 +8,6 @@ or two processes at once for two trees), so its ratios are side by side on a sha
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import statistics
@@ -19,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..model import Model, ModelConfig, loss_fn
-from ..train import TrainConfig, build_optimizer, setup_run, train_step
+from ..model import Model, loss_fn
+from ..train import TrainConfig, build_optimizer, model_config, setup_run, train_step
 from .common import interleaved, medians, stamp_line
 
 STEP_MODES = ("softmax", "h", "h+J")
@@ -39,8 +38,9 @@ def training_step_rows(sizes=range(4, 17), modes=STEP_MODES, batch: int = 64, ro
         steps = {}
         for mode in modes:
             torch.manual_seed(0)
-            model = Model(ModelConfig(vocab_size=vocab, max_len=T, mode=mode))
-            optimizer = build_optimizer(model, TrainConfig(T=T, mode=mode))
+            cfg = TrainConfig.build(T=T, mode=mode)
+            model = Model(model_config(cfg, vocab))
+            optimizer = build_optimizer(model, cfg)
             x, y = torch.randint(0, vocab, (batch, T)), torch.randint(0, vocab, (batch, T))
 
             def step(model=model, optimizer=optimizer, x=x, y=y):
@@ -108,16 +108,21 @@ from boltzmann_attention.experiments.model import Model, loss_fn
 from boltzmann_attention.experiments.train import Task, TrainConfig, build_optimizer
 torch.set_num_threads(1)
 configs, steps, rounds, defaults = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[5])
-known = set(TrainConfig.__dataclass_fields__)
+nested = hasattr(TrainConfig, "build")  # a tree with the nested config (flat names through build)
+if nested:
+    from boltzmann_attention.experiments.config import FLAT
+    from boltzmann_attention.experiments.train import model_config
+known = set(FLAT) if nested else set(TrainConfig.__dataclass_fields__)
 setups = []
 for c in configs:  # fields this tree does not have are dropped where they hold the default, refused otherwise
     needed = {k: v for k, v in c.items() if k not in known and v != defaults.get(k)}
     if needed:
         sys.exit(f"this tree's TrainConfig has no field for {needed}")
-    cfg = TrainConfig(**{k: v for k, v in c.items() if k in known})
+    kept = {k: v for k, v in c.items() if k in known}
+    cfg = TrainConfig.build(**kept) if nested else TrainConfig(**kept)
     task = Task(cfg)
     torch.manual_seed(0)
-    model = Model(cfg.model_config(task.vocab_size))
+    model = Model(model_config(cfg, task.vocab_size) if nested else cfg.model_config(task.vocab_size))
     setups.append((cfg, task, model, build_optimizer(model, cfg), torch.Generator().manual_seed(0)))
 times = [[] for _ in configs]
 for r in range(rounds):  # rounds over all configurations: a burst of load hits many, not one
@@ -128,7 +133,7 @@ for r in range(rounds):  # rounds over all configurations: a burst of load hits 
             loss = loss_fn(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip if nested else cfg.grad_clip)
             opt.step()
             if r or i >= 2:
                 t.append(time.perf_counter() - start)
@@ -143,7 +148,7 @@ NUMBERS_ONLY = ("seed", "steps", "lr", "warmup_steps", "min_lr_ratio", "weight_d
 
 def step_key(cfg: TrainConfig) -> dict:
     """The fields of ``cfg`` that may change the cost of a training step (all but ``NUMBERS_ONLY``)."""
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in NUMBERS_ONLY}
+    return {k: v for k, v in cfg.flat().items() if k not in NUMBERS_ONLY}
 
 
 def _defaults() -> dict:

@@ -98,8 +98,8 @@ def overrides(arm: Arm, lr: float, T: int = NANOGPT_T) -> dict:
 
 def config(arm: Arm, T: int = NANOGPT_T, lr: float = NANOGPT_LR, **changes) -> TrainConfig:
     """The TrainConfig of ``arm`` (seed 0), with ``changes`` (e.g. for timing at another batch size)."""
-    return TrainConfig(task="shakespeare", T=T, mode=arm.mode, method=arm.method,
-                       **{**overrides(arm, lr, T), **changes})
+    return TrainConfig.build(task="shakespeare", T=T, mode=arm.mode, method=arm.method,
+                             **{**overrides(arm, lr, T), **changes})
 
 
 def _grid(arm: str, T: int, seed: int, lr: float) -> Grid:
