@@ -22,15 +22,16 @@ import inspect
 import math
 import numbers
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
 from .. import ising
+from ..attention import BoltzmannAttention
 from ..ising.annealing import MAX_SPINS as DQA_MAX_SPINS
 from ..ising.banded import MAX_BANDWIDTH as BANDED_MAX_BANDWIDTH
 from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
-from ..validation import LAYER_MODES, check_layer_options
+from ..validation import LAYER_MODES
 from . import data as datasets
 
 TASKS = ("shakespeare", "brackets")
@@ -180,9 +181,9 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ValueError for anything that would fail or train wrongly later, before any training.
 
-        Every field's type and range; the attention options by the layer's own rules
-        (:func:`boltzmann_attention.validation.check_layer_options`, the words the layer uses); the limits of
-        the marginal method at this T. Warns (UserWarning) when warm-up never ends (warmup_steps >= steps).
+        Every field's type and range; the attention options by the layer itself (built on the meta device, so
+        its rules and words apply and nothing is allocated); the limits of the marginal method at this T. Warns
+        (UserWarning) when warm-up never ends (warmup_steps >= steps).
         """
         d, m, a, o = self.data, self.model, self.attention, self.optim
         _choice("task", d.task, TASKS)
@@ -218,10 +219,9 @@ class TrainConfig:
         _choice("mode", a.mode, LAYER_MODES)
         _choice("method", a.method, sorted(ising.METHODS))
         _check_method_options(a.method, a.method_options)
-        check_layer_options(a.mode, a.method, a.method_options, causal=True, head_dim=m.d_model // m.n_heads,
-                            coupling=a.coupling, coupling_window=a.coupling_window,
-                            coupling_window_relative=a.coupling_window_relative, coupling_range=a.coupling_range,
-                            position=LAYER_POSITION[m.position], slot_bias=a.slot_bias)
+        with torch.device("meta"):  # the layer checks its own options, with its own words, and allocates nothing
+            BoltzmannAttention(m.d_model, m.n_heads, max_len=d.T, causal=True, position=LAYER_POSITION[m.position],
+                               **asdict(a))
         self._check_limits()
         for name in ("min_fill", "max_fill", "open_probability"):
             _number(name, getattr(d, name), at_least=0.0, at_most=1.0)
