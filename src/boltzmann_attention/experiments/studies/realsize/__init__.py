@@ -20,11 +20,12 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ... import lr_rule
 from ...recipes import NANOGPT, NANOGPT_LOSS, NANOGPT_T
 from ...report import ReportContext, header_section, lr_decision_notes, protocol_sections
 from ...results import Results
 from ...stats import millinats, paired, relative, stat
-from ...sweep import Grid, beyond, with_field_bias
+from ...sweep import Grid, with_field_bias
 from ...tables import fmt_interval, fmt_num, fmt_stat, md_table, table_with_holm
 from ...train import TrainConfig
 
@@ -174,24 +175,14 @@ def per_seed(res: Results, arm: str, lr: float, T: int = NANOGPT_T) -> dict[str,
 
 
 def choose_lr(losses: dict[float, float]) -> float | None:
-    """Stage 1's rule on {lr: validation loss}: the lowest loss; lrs within NEAR_TIE of it are tied, and the
-    one the fewest half-decade steps from nanoGPT's lr wins (3e-4 and 3e-3 are one step from 1e-3), then the
-    smaller. None when there is no lr."""
-    if not losses:
-        return None
-    best = min(losses.values())
-    tied = [lr for lr, loss in losses.items() if loss <= best + NEAR_TIE + 1e-12]
-    return min(tied, key=lambda lr: (abs(round(2 * math.log10(lr / NANOGPT_LR))), lr))
+    """Stage 1's rule on {lr: validation loss} (:func:`...lr_rule.choose_lr`, ties within NEAR_TIE towards
+    nanoGPT's lr); None when there is no lr."""
+    return lr_rule.choose_lr(losses, NEAR_TIE, NANOGPT_LR)
 
 
 def edge_extension(arm: str, lr: float, d: Decisions) -> float | None:
     """The lr to add for ``arm`` when the rule's lr is at the edge of its lrs (else None)."""
-    lrs = arm_learning_rates(arm, d)
-    if lr == lrs[0]:
-        return beyond(lr, up=False)
-    if lr == lrs[-1]:
-        return beyond(lr, up=True)
-    return None
+    return lr_rule.edge_extension(lr, arm_learning_rates(arm, d))
 
 
 def decide_learning_rates(res: Results, d: Decisions) -> dict[str, tuple[float | None, float | None]]:
