@@ -603,8 +603,8 @@ def test_the_study_registry():
     from boltzmann_attention.experiments.sweep import DEFAULT_FIELD_BIAS
 
     assert studies.profiles() == ("quick", "full", "baselines", "brackets-calibration", "brackets-hard", "fair",
-                                  "realsize", "sampling", "dqa-boltzmann")
-    assert [studies.name(s) for s in studies.all_studies()] == ["paper", "baselines", "brackets", "fair",
+                                  "priors", "realsize", "sampling", "dqa-boltzmann")
+    assert [studies.name(s) for s in studies.all_studies()] == ["paper", "baselines", "brackets", "fair", "priors",
                                                                 "realsize", "sampling"]
     for study in studies.all_studies():
         assert callable(study.owns) and callable(study.report) and study.PROFILES
