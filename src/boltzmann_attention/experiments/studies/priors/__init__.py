@@ -201,21 +201,14 @@ def per_seed(res: Results, arm: Arm, lr: float, T: int = NANOGPT_T, steps: int |
 
 def decide_learning_rates(res: Results, d: Decisions) -> dict[str, tuple[float | None, float | None]]:
     """Per own arm whose stage-1 runs are all there: (the rule's lr, the lr to add beyond the edge or None)."""
-    out = {}
-    for a in own_arms(d):
-        losses = {}
-        lrs = arm_learning_rates(a.name, d)
-        for lr in lrs:
-            if lr in d.diverged.get(a.name, ()):
-                continue
-            seeds = {s: v for s, v in per_seed(res, a, lr)["loss"].items() if s in LR_SEEDS}
-            if len(seeds) < len(LR_SEEDS):
-                break
-            losses[lr] = statistics.mean(seeds.values())
-        else:
-            chosen = lr_rule.choose_lr(losses, NEAR_TIE, NANOGPT_LR)
-            out[a.name] = (chosen, lr_rule.edge_extension(chosen, lrs) if chosen is not None else None)
-    return out
+    arms = {a.name: a for a in own_arms(d)}
+
+    def losses_of(arm: str, lr: float) -> dict[int, float] | None:
+        seeds = {s: v for s, v in per_seed(res, arms[arm], lr)["loss"].items() if s in LR_SEEDS}
+        return seeds if len(seeds) == len(LR_SEEDS) else None
+
+    return lr_rule.decide(list(arms), lambda arm: arm_learning_rates(arm, d), losses_of, d.diverged, NEAR_TIE,
+                          NANOGPT_LR)
 
 
 def choose_arm(found: dict[str, dict]) -> str | None:
@@ -262,19 +255,9 @@ def report(res: Results, context: ReportContext) -> list[str]:
 
 def learning_rate_section(res: Results, d: Decisions) -> list[str]:
     decided = decide_learning_rates(res, d)
-    rows = []
-    for a in own_arms(d):
-        for lr in arm_learning_rates(a.name, d):
-            found = per_seed(res, a, lr)
-            loss = {s: v for s, v in found["loss"].items() if s in LR_SEEDS}
-            step_s = [v for s, v in found["step_s"].items() if s in LR_SEEDS]
-            diverged = lr in d.diverged.get(a.name, ())
-            if not loss and not diverged:
-                continue
-            bold = decided.get(a.name, (None,))[0] == lr
-            rows.append([a.name, f"**{lr:g}**" if bold else f"{lr:g}",
-                         "diverged" if diverged else fmt_stat(stat(loss.values()), digits=4),
-                         fmt_num(1000 * statistics.mean(step_s), 0) if step_s else ""])
+    arms = {a.name: a for a in own_arms(d)}
+    rows = lr_rule.table_rows(list(arms), lambda arm: arm_learning_rates(arm, d),
+                              lambda arm, lr: per_seed(res, arms[arm], lr), decided, d.diverged, LR_SEEDS)
     if not rows:
         return []
     lines = ["## Stage 1: each arm's learning rate", "",

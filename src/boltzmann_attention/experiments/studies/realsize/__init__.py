@@ -188,37 +188,18 @@ def edge_extension(arm: str, lr: float, d: Decisions) -> float | None:
 def decide_learning_rates(res: Results, d: Decisions) -> dict[str, tuple[float | None, float | None]]:
     """Per arm whose stage-1 runs are all there (the lrs in DIVERGED aside): (the rule's lr, the lr to add
     beyond the edge or None)."""
-    out = {}
-    for a in ARMS:
-        losses = {}
-        for lr in arm_learning_rates(a.name, d):
-            if lr in d.diverged.get(a.name, ()):
-                continue
-            seeds = {s: v for s, v in per_seed(res, a.name, lr)["loss"].items() if s in LR_SEEDS}
-            if len(seeds) < len(LR_SEEDS):
-                break
-            losses[lr] = statistics.mean(seeds.values())
-        else:
-            chosen = choose_lr(losses)
-            out[a.name] = (chosen, edge_extension(a.name, chosen, d) if chosen is not None else None)
-    return out
+    def losses_of(arm: str, lr: float) -> dict[int, float] | None:
+        seeds = {s: v for s, v in per_seed(res, arm, lr)["loss"].items() if s in LR_SEEDS}
+        return seeds if len(seeds) == len(LR_SEEDS) else None
+
+    return lr_rule.decide([a.name for a in ARMS], lambda arm: arm_learning_rates(arm, d), losses_of, d.diverged,
+                          NEAR_TIE, NANOGPT_LR)
 
 
 def learning_rate_section(res: Results, d: Decisions) -> list[str]:
     decided = decide_learning_rates(res, d)
-    rows = []
-    for a in ARMS:
-        for lr in arm_learning_rates(a.name, d):
-            found = per_seed(res, a.name, lr)
-            loss = {s: v for s, v in found["loss"].items() if s in LR_SEEDS}
-            step_s = [v for s, v in found["step_s"].items() if s in LR_SEEDS]  # the same runs as the loss
-            diverged = lr in d.diverged.get(a.name, ())
-            if not loss and not diverged:
-                continue
-            bold = decided.get(a.name, (None,))[0] == lr
-            rows.append([a.name, f"**{lr:g}**" if bold else f"{lr:g}",
-                         "diverged" if diverged else fmt_stat(stat(loss.values()), digits=4),
-                         fmt_num(1000 * statistics.mean(step_s), 0) if step_s else ""])
+    rows = lr_rule.table_rows([a.name for a in ARMS], lambda arm: arm_learning_rates(arm, d),
+                              lambda arm, lr: per_seed(res, arm, lr), decided, d.diverged, LR_SEEDS)
     if not rows:
         return []
     lines = ["## Stage 1: each arm's learning rate", "",
