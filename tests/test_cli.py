@@ -172,3 +172,43 @@ def test_coupling_options_reach_the_config():
 def test_bad_bracket_option_is_refused_before_training(capsys):
     assert cli.main(["train", "--task", "brackets", "--open-probability", "1.5", "--steps", "1"]) == 2
     assert "open_probability must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [
+    ["train", "--out", "", "--steps", "1"],
+    ["train", "--out", "x" * 300 + ".json", "--steps", "1"],
+    ["sweep", "--out", "{file}/results", "--seeds", "0", "--set", "steps=1"],
+    ["report", "--results", "{tmp}", "--out", "{file}/report"],
+    ["reproduce", "--profile", "quick", "--out", "{file}/results"],
+    ["reproduce", "--profile", "quick", "--out", "{tmp}/results", "--report", "{file}/report"],
+])
+def test_an_unusable_output_path_is_one_line_before_any_run(tmp_path, command, capsys, monkeypatch):
+    from boltzmann_attention.experiments import sweep, train
+
+    monkeypatch.setattr(train, "_train", lambda *a: pytest.fail("training started"))
+    monkeypatch.setattr(sweep, "sweep", lambda *a, **k: pytest.fail("the sweep started"))
+    (tmp_path / "file").write_text("a regular file")
+    monkeypatch.chdir(tmp_path)
+    argv = [a.format(file=tmp_path / "file", tmp=tmp_path) for a in command]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert "folder" in err or "cannot write" in err
+
+
+def test_train_writes_where_report_reads(tmp_path, capsys, monkeypatch):
+    """train's default result file is in results/runs/, where report looks by default."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--task", "brackets", "--T", "4", "--steps", "2", "--warmup-steps", "0",
+                     "--eval-interval", "2", "--d-model", "8", "--d-ff", "8", "--batch-size", "4"]) == 0
+    assert len(list((tmp_path / "results" / "runs").glob("*.json"))) == 1
+    assert cli.main(["report"]) == 0
+    assert (tmp_path / "report" / "results" / "README.md").exists()
+
+
+def test_a_warning_of_the_config_is_said_once(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning) as caught:
+        cli.main(["train", "--task", "brackets", "--T", "4", "--steps", "2", "--d-model", "8", "--d-ff", "8",
+                  "--batch-size", "4", "--eval-interval", "2"])
+    assert sum("never reaches lr" in str(w.message) for w in caught) == 1

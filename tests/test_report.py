@@ -229,6 +229,20 @@ def test_couplings_section(report):
     assert float(table["8"]["R² of J by distance"]) > 0.9
 
 
+def test_a_report_of_coupled_window_runs(tmp_path):
+    """The window's J is (H, W, W) by slot, at any T: its distance profile has W - 1 points, not T - 1."""
+    from boltzmann_attention.experiments.studies import write_report
+
+    J = [[[0.0, 0.3, -0.1, 0.2], [0.3, 0.0, 0.4, 0.0], [-0.1, 0.4, 0.0, 0.5], [0.2, 0.0, 0.5, 0.0]]]
+    for seed in (0, 1):
+        write_run(tmp_path, "shakespeare", 12, "h+J", seed, val=shakespeare_val(7.0 - seed), couplings=J,
+                  coupling="window", coupling_window=4)
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    table = table_after(text, "### shakespeare (variant `base`)")
+    assert table["12"]["seeds"] == "2" and float(table["12"]["correlation between seeds"]) == 1.0
+    assert (tmp_path / "out" / "coupling_distance_shakespeare.png").exists()
+
+
 def test_agreement_section(report):
     _, text = report
     ahead = table_after(text, "### h+J ahead of softmax on Shakespeare (level at T=4, ahead from T=6)")

@@ -144,6 +144,21 @@ def test_bit_flip_in_checkpoint_tensor_data_is_refused(tmp_path):
         train(cfg.replace(steps=4), checkpoint=path, progress=False)
 
 
+@pytest.mark.parametrize("history", ["a string", [1, 2], [{"loss": 1.0}]])
+def test_a_checksummed_checkpoint_with_a_bad_history_is_refused(tmp_path, history):
+    """A checkpoint can be valid (checksum and all) and still hold a history no result can be made of."""
+    cfg = TrainConfig.build(task="brackets", T=4, **{**SHORT, "steps": 2})
+    path = tmp_path / "run.pt"
+    train(cfg, checkpoint=path, checkpoint_interval=1, progress=False)
+    state = read_checkpoint(path)
+    state["history"] = history
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    path.write_bytes(train_module._frame(buffer.getvalue()))
+    with pytest.raises(ValueError, match="invalid history.*delete it to restart"):
+        train(cfg, checkpoint=path, progress=False)
+
+
 def test_output_paths_are_checked_before_training(tmp_path, monkeypatch):
     monkeypatch.setattr(train_module, "Task", _no_training)
     cfg = TrainConfig.build(task="brackets", T=4, **{**SHORT, "steps": 2})

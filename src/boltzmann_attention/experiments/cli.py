@@ -163,12 +163,14 @@ def _sweep_overrides(items: list[str]) -> dict:
 def _dispatch(args) -> int:
     from . import studies
     from . import sweep as experiments
+    from .train import check_output_folder
 
     if args.command == "train":
-        from .train import default_checkpoint, train, write_result
+        from .train import check_output_path, default_checkpoint, train, write_result
 
         cfg = TrainConfig.build(**{name: getattr(args, name) for name in FIELDS})
-        out = Path(args.out or f"results/runs/{run_name(cfg)}.json")  # where `report` looks by default
+        out = Path(args.out if args.out is not None else f"results/runs/{run_name(cfg)}.json")  # where `report` looks
+        check_output_path(out, "result")
         checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint(out)
         print(f"results -> {out}, checkpoint -> {checkpoint} (a killed run resumes from it)", file=sys.stderr)
         result = train(cfg, checkpoint=checkpoint, out=out, threads=args.threads)
@@ -180,11 +182,11 @@ def _dispatch(args) -> int:
     elif args.command == "sweep":
         grid = experiments.Grid(tuple(args.tasks), tuple(args.T), tuple(args.modes), tuple(args.methods),
                                 tuple(args.seeds), args.variant, _sweep_overrides(args.set))
-        names = experiments.sweep([grid], args.out, jobs=args.jobs)
+        names = experiments.sweep([grid], check_output_folder(args.out, "results"), jobs=args.jobs)
         print(f"{len(names)} runs done -> {args.out}/runs")
     elif args.command == "report":
         _require("matplotlib", "scipy")
-        out = args.out or str(Path("report") / Path(args.results).resolve().name)
+        out = check_output_folder(args.out or Path("report") / Path(args.results).resolve().name, "report")
         print(f"report -> {_write_report(args.results, out)}")
     elif args.command == "reproduce":
         _require("matplotlib", "scipy")
@@ -197,11 +199,12 @@ def _dispatch(args) -> int:
                 raise ValueError(f"the {args.profile} profile compares the inits itself; drop --init")
             grids = experiments.with_overrides(grids, init=args.init)
             name += f"-init-{args.init}"
-        out = Path(args.out or f"results/{name}")
+        out = check_output_folder(args.out or f"results/{name}", "results")
+        report = check_output_folder(args.report or f"report/{name}", "report")  # both before any run
         start = time.perf_counter()
         names = experiments.sweep(grids, out, jobs=args.jobs)
         print(f"{len(names)} runs in {time.perf_counter() - start:.0f} s -> {out}/runs")
-        print(f"report -> {_write_report(out, args.report or f'report/{name}')}")
+        print(f"report -> {_write_report(out, report)}")
     return 0
 
 

@@ -200,7 +200,7 @@ def plot_distance(sets: dict, task: str, path: Path):
     cmap = matplotlib.colormaps["viridis"]
     for i, (T, (_, Js)) in enumerate(sets.items()):
         profiles = np.array([distance_profile(J) for J in Js])
-        d = np.arange(1, T)
+        d = np.arange(1, profiles.shape[1] + 1)  # J's own size: (T, T), or (W, W) by slot for the window
         mean = profiles.mean(axis=0)
         color = cmap(i / max(1, len(sets) - 1))
         ax.plot(d, mean, marker="o", ms=3, lw=1, color=color, label=f"T={T}")

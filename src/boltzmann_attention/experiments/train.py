@@ -156,14 +156,28 @@ def check_output_path(path: str | Path, what: str = "output") -> Path:
     """Create the folder of ``path`` if missing and check that a file can be written there (by writing and
     removing a temporary file); ValueError naming the path otherwise. Returns ``path`` as a Path."""
     path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"the {what} path {path} is a folder; give a file path")
     try:
+        if not path.name or path.is_dir():
+            raise ValueError(f"the {what} path {str(path)!r} is a folder; give a file path")
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
             pass
     except OSError as e:
-        raise ValueError(f"cannot write the {what} {path}: {e.strerror or e}") from None
+        raise ValueError(f"cannot write the {what} {str(path)[:200]}: {e.strerror or e} (the file and a temporary "
+                         "file beside it, named after it, must be writable)") from None
+    return path
+
+
+def check_output_folder(path: str | Path, what: str = "output") -> Path:
+    """Create the folder ``path`` (and its parents) if missing; ValueError naming it when that cannot be done
+    (a regular file in the way, no permission, a name too long). Returns ``path`` as a Path."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot use {path} as the {what} folder: {getattr(e, 'strerror', None) or e}") from None
+    if not path.is_dir():
+        raise ValueError(f"cannot use {path} as the {what} folder: it is not a folder")
     return path
 
 
@@ -259,6 +273,11 @@ def load_checkpoint(path: Path, cfg: TrainConfig, model, optimizer, scheduler, g
             or not math.isfinite(elapsed) or elapsed < 0):
         raise ValueError(f"checkpoint {path} holds an invalid step {step!r} or time {elapsed!r}; delete it to "
                          "restart the run from step 0")
+    history = state["history"]
+    if not isinstance(history, list) or not all(isinstance(h, dict) and isinstance(h.get("step"), int)
+                                                for h in history):
+        raise ValueError(f"checkpoint {path} holds an invalid history ({type(history).__name__}, expected a list "
+                         "of evaluations); delete it to restart the run from step 0")
     for rng in (data_rng, torch_rng):
         if not isinstance(rng, Tensor) or rng.dim() != 2 or len(rng) != world:
             saved = len(rng) if isinstance(rng, Tensor) and rng.dim() == 2 else "?"
@@ -272,7 +291,7 @@ def load_checkpoint(path: Path, cfg: TrainConfig, model, optimizer, scheduler, g
         torch.set_rng_state(torch_rng[rank].clone())
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"checkpoint {path} does not match the model: {e}") from None
-    return step, state["history"], float(elapsed)
+    return step, history, float(elapsed)
 
 
 def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_interval: int = 500,
