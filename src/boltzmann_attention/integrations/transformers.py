@@ -66,7 +66,7 @@ DEFAULTS = {"mode": "h+J", "coupling": "full", "coupling_window": None, "couplin
 OPTIONS = tuple(DEFAULTS)
 MODES = ("h", "J", "h+J")
 # keyword arguments some transformers models pass to the attention function, with no meaning here
-_UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
+_UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "head_mask")
 
 
 class BoltzmannParameters(nn.Module):
@@ -152,16 +152,22 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     if key.shape[1] != H:  # grouped-query attention: each key/value head serves H / Hkv query heads
         key = key.repeat_interleave(H // key.shape[1], dim=1)
         value = value.repeat_interleave(H // value.shape[1], dim=1)
-    causal = kwargs.get("is_causal")
-    causal = bool(getattr(module, "is_causal", True) if causal is None else causal)
     present, extra = _read_mask(attention_mask, query.dtype)
+    lower_right = _lower_right(L, S, query.device)
+    if present is None:  # as SDPA: is_causal (the call's, else the module's) decides; causal is bottom-right here
+        causal = kwargs.get("is_causal")
+        causal = bool(getattr(module, "is_causal", True) if causal is None else causal) or L <= 1  # 1 query: the last
+        present = lower_right if causal and L != S else None
+    else:  # the mask is all there is (a call's is_causal=False next to a mask only tells SDPA not to add one)
+        causal = not bool((present & ~lower_right).any())
     bias = 0.0 if params.field_bias is None else params.field_bias.to(query.dtype).view(-1, 1, 1)
     if extra is not None:
         bias = bias + extra
+    if scaling is None:
+        scaling = _module_scaling(module, query.shape[-1])
     config = getattr(module, "config", None)
     want_weights = bool(kwargs.get("output_attentions") or getattr(config, "output_attentions", False))
     use_dropout = dropout > 0 and module.training
-    lower_right = _lower_right(L, S, query.device)
     call = {"couplings": params.couplings_for(S, query.dtype), "mode": params.mode, "method": params.method,
             "method_options": params.method_options, "scale": scaling, "coupling_window": params.coupling_window,
             "return_weights": want_weights or use_dropout}
@@ -169,11 +175,9 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     pad = 0
     if params.coupling_window is not None:
         if not causal:
-            raise ValueError(f"coupling='window' is causal (slot a is key i - a), but {type(module).__name__} is "
-                             "not; use coupling='relative' or 'full' for non-causal attention")
-        if present is not None and bool((present & ~lower_right).any()):
-            raise ValueError("coupling='window' is causal, but the attention mask lets a query see a later key; "
-                             "use coupling='relative' or 'full' for that mask")
+            raise ValueError(f"coupling='window' is causal (slot a is key i - a), but this call of "
+                             f"{type(module).__name__} is not: its mask (or is_causal=False without a mask) lets a "
+                             "query see a later key; use coupling='relative' or 'full' for non-causal attention")
         if L < S:  # decoding with a cache: the window aligns top-left only, so the queries are padded in front
             pad = S - L
             query = F.pad(query, (0, 0, pad, 0))
@@ -184,12 +188,9 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
                 bias = F.pad(bias, (0, 0, pad, 0))
         result = boltzmann_attention(query, key, value, is_causal=True, attn_mask=present, bias=bias, **call)
     else:
-        if present is None and causal and L != S:
-            present = lower_right
-        is_causal = causal and L == S and (present is None or not bool((present & ~lower_right).any()))
-        if not causal:  # no structure: the mask (or none) is all there is
-            is_causal = False
-        result = boltzmann_attention(query, key, value, is_causal=is_causal, attn_mask=present, bias=bias, **call)
+        # causal with L == S: the functional's top-left causal mask is the same, and its causal paths are cheaper
+        result = boltzmann_attention(query, key, value, is_causal=causal and L == S, attn_mask=present, bias=bias,
+                                     **call)
 
     out, weights = result if call["return_weights"] else (result, None)
     if pad:
@@ -201,11 +202,20 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     return out.transpose(1, 2).contiguous(), (weights if want_weights else None)
 
 
+def _module_scaling(module: nn.Module, head_dim: int) -> float | None:
+    """The score scale when the call gives none: GPT-2 before transformers 5 passed none and kept it on the module."""
+    if hasattr(module, "scale_attn_weights"):
+        scale = head_dim ** -0.5 if module.scale_attn_weights else 1.0
+        if getattr(module, "scale_attn_by_inverse_layer_idx", False):
+            scale /= float(module.layer_idx + 1)
+        return scale
+    return getattr(module, "scaling", None)  # None: 1 / sqrt(head_dim)
+
+
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of every transformers attention module: a ``*Attention`` with layer_idx, is_causal, scaling."""
+    """(name, module) of every transformers attention module: a ``*Attention`` with ``layer_idx`` and ``is_causal``."""
     return [(name, m) for name, m in model.named_modules()
-            if type(m).__name__.endswith("Attention") and all(hasattr(m, a) for a in ("layer_idx", "is_causal",
-                                                                                        "scaling"))]
+            if type(m).__name__.endswith("Attention") and hasattr(m, "layer_idx") and hasattr(m, "is_causal")]
 
 
 def _num_heads(module: nn.Module, config) -> int:
@@ -291,8 +301,8 @@ def convert(model: PreTrainedModel, **options) -> PreTrainedModel:
         raise ValueError(f"convert() takes a transformers PreTrainedModel, got {type(model).__name__}")
     modules = attention_modules(model)
     if not modules:
-        raise ValueError(f"found no attention module in {type(model).__name__} (a '*Attention' module with layer_idx, "
-                         "is_causal and scaling, calling transformers' AttentionInterface, as in GPT-2 and Llama)")
+        raise ValueError(f"found no attention module in {type(model).__name__} (a '*Attention' module with layer_idx "
+                         "and is_causal, calling transformers' AttentionInterface, as in GPT-2 and Llama)")
     if any(hasattr(m, ATTRIBUTE) for _, m in modules):
         raise ValueError(f"{type(model).__name__} is already converted to Boltzmann attention; convert the original "
                          "model, or load a saved one with from_pretrained")
@@ -347,7 +357,7 @@ def from_pretrained(model_class: type[PreTrainedModel], path: str, **kwargs) -> 
     """Load a converted model saved by ``save_pretrained``: the model, then its couplings and field biases.
 
     ``model_class.from_pretrained(path, **kwargs)`` loads the transformers weights (it does not know the
-    Boltzmann parameters and reports them as unexpected keys), :func:`convert` rebuilds the Boltzmann
+    Boltzmann parameters; they are kept out of its unexpected-keys report), :func:`convert` rebuilds the Boltzmann
     attention from ``config.boltzmann_attention``, and the couplings and field biases are read from the
     checkpoint in ``path`` (a local directory); a missing one is an error.
     """
@@ -361,7 +371,17 @@ def from_pretrained(model_class: type[PreTrainedModel], path: str, **kwargs) -> 
     if not isinstance(options, dict):
         raise ValueError(f"{path!r} holds no Boltzmann attention options (config.{CONFIG_KEY}): it was not saved from "
                          f"a converted model. Load it with {model_class.__name__}.from_pretrained and call convert()")
-    model = model_class.from_pretrained(path, config=config, **kwargs)
+    # the Boltzmann keys are read below, and a missing one is an error: not "unexpected" for transformers' report
+    own = "_keys_to_ignore_on_load_unexpected" in vars(model_class)
+    saved = getattr(model_class, "_keys_to_ignore_on_load_unexpected", None)
+    model_class._keys_to_ignore_on_load_unexpected = [*(saved or []), rf"\.{ATTRIBUTE}\."]
+    try:
+        model = model_class.from_pretrained(path, config=config, **kwargs)
+    finally:
+        if own:
+            model_class._keys_to_ignore_on_load_unexpected = saved
+        else:
+            del model_class._keys_to_ignore_on_load_unexpected
     convert(model, **options)
     for name, module in attention_modules(model):
         holder = getattr(module, ATTRIBUTE)
