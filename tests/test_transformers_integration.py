@@ -50,6 +50,7 @@ RELATIVE_BANDED = {"mode": "h+J", "coupling": "relative", "coupling_range": 3, "
 RELATIVE_MEANFIELD = {"mode": "h+J", "coupling": "relative", "coupling_range": 3, "method": "meanfield",
                       "method_options": {"tol": 1e-12, "max_iter": 2000, "damping": 0.2}}
 FULL = {"mode": "h+J", "coupling": "full", "method": "exact"}  # needs max_len <= 24
+COUPLINGS_ONLY = {"mode": "J", "coupling": "relative", "coupling_range": 3, "method": "banded"}  # no QK field
 
 
 def converted(name, options, init_std=None, max_len=None):
@@ -127,8 +128,8 @@ def _capture(model):
 
 
 @pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("options", [WINDOW, RELATIVE_BANDED, RELATIVE_MEANFIELD, FULL],
-                         ids=["window", "relative-banded", "relative-meanfield", "full"])
+@pytest.mark.parametrize("options", [WINDOW, RELATIVE_BANDED, RELATIVE_MEANFIELD, FULL, COUPLINGS_ONLY],
+                         ids=["window", "relative-banded", "relative-meanfield", "full", "J"])
 def test_layer_equals_the_functional_form(name, options):
     model = converted(name, options)
     calls = _capture(model)
@@ -140,7 +141,7 @@ def test_layer_equals_the_functional_form(name, options):
     assert (J.profile if isinstance(J, ising.toeplitz.Toeplitz) else J).abs().max() > 0.05  # really coupled
     groups = q.shape[1] // k.shape[1]
     expected = boltzmann_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), couplings=J,
-                                   mode="h+J", method=params.method, method_options=params.method_options,
+                                   mode=params.mode, method=params.method, method_options=params.method_options,
                                    is_causal=True, scale=scaling, bias=params.field_bias.view(-1, 1, 1),
                                    coupling_window=params.coupling_window)
     torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-12)
@@ -149,11 +150,12 @@ def test_layer_equals_the_functional_form(name, options):
     assert (out - sigmoid.transpose(1, 2)).abs().max() > 1e-4  # the couplings change the output
 
 
-CACHE_CASES = [{"mode": "h"}, RELATIVE_BANDED, RELATIVE_MEANFIELD, WINDOW, FULL]
+CACHE_CASES = [{"mode": "h"}, RELATIVE_BANDED, RELATIVE_MEANFIELD, WINDOW, FULL, COUPLINGS_ONLY]
 
 
 @pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("options", CACHE_CASES, ids=["h", "relative-banded", "relative-meanfield", "window", "full"])
+@pytest.mark.parametrize("options", CACHE_CASES, ids=["h", "relative-banded", "relative-meanfield", "window", "full",
+                                                      "J"])
 def test_cached_decoding_equals_the_full_forward(name, options):
     model = converted(name, options)
     x = ids(length=12)
@@ -312,18 +314,69 @@ def test_window_refuses_a_mask_that_sees_later_keys():
 def test_dropout_applies_to_the_weights_in_training(options):
     module = _Module(options)
     q, k, v = _qkv(L=3, S=6)  # decoding-shaped: the 3 queries are the last 3 of 6 positions
+    visible = torch.ones(3, 6, dtype=torch.bool).tril(3)
+    mask = visible.expand(2, 1, 3, 6)
     module.config = type("Config", (), {"output_attentions": True})()
     module.eval()
-    out, weights = bt.attention_forward(module, q, k, v, None, dropout=0.5)  # eval: no dropout
-    visible = torch.ones(3, 6, dtype=torch.bool).tril(3)
+    out, weights = bt.attention_forward(module, q, k, v, mask, dropout=0.5)  # eval: no dropout
     assert (weights[..., ~visible] == 0).all() and (weights[..., visible] > 0).all()
     module.train()
     torch.manual_seed(7)
-    dropped, dropped_weights = bt.attention_forward(module, q, k, v, None, dropout=0.5)
+    dropped, dropped_weights = bt.attention_forward(module, q, k, v, mask, dropout=0.5)
     torch.manual_seed(7)
     expected = F.dropout(weights, p=0.5, training=True)
     torch.testing.assert_close(dropped_weights, expected, rtol=0, atol=0)
     torch.testing.assert_close(dropped, (expected @ v.repeat_interleave(2, 1)).transpose(1, 2), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("options", [FULL, WINDOW], ids=["full", "window"])
+def test_no_mask_follows_sdpa_in_transformers(options):
+    module = _Module(options)
+    module.config = type("Config", (), {"output_attentions": True})()
+    q, k, v = _qkv(L=1, S=6)  # one query: the last position, sees every key
+    _, weights = bt.attention_forward(module, q, k, v, None)
+    _, masked = bt.attention_forward(module, q, k, v, torch.ones(2, 1, 1, 6, dtype=torch.bool))
+    assert (weights > 0).all()
+    torch.testing.assert_close(weights, masked, rtol=0, atol=0)
+    q, k, v = _qkv(L=3, S=6)  # the prefill of an empty static cache: top-left, the later slots cut off
+    out, weights = bt.attention_forward(module, q, k, v, None)
+    alone, alone_weights = bt.attention_forward(module, q, k[..., :3, :], v[..., :3, :], None)
+    torch.testing.assert_close(out, alone, rtol=0, atol=0)
+    assert (weights[..., 3:] == 0).all() and weights.shape[-1] == 6
+    torch.testing.assert_close(weights[..., :3], alone_weights, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("options", [WINDOW, FULL, RELATIVE_BANDED], ids=["window", "full", "relative"])
+def test_static_cache_generation_equals_the_dynamic_one(name, options):
+    model = converted(name, options)
+    x, mask = ids(2, 4), torch.ones(2, 4, dtype=torch.long)
+    settings = {"max_new_tokens": 6, "do_sample": False, "attention_mask": mask, "pad_token_id": 0,
+                "output_logits": True, "return_dict_in_generate": True}
+    dynamic = model.generate(x, **settings)
+    static = model.generate(x, cache_implementation="static", **settings)
+    assert torch.equal(static.sequences, dynamic.sequences)
+    full = model(dynamic.sequences).logits[:, 3:-1].float()  # generate() hands out float32 logits
+    torch.testing.assert_close(torch.stack(dynamic.logits, 1), full, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.stack(static.logits, 1), full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [{"mode": "h"}, RELATIVE_BANDED], ids=["h", "relative"])
+def test_output_attentions_returns_the_weights(options):
+    model = converted("llama", options)
+    attentions = model(ids(), output_attentions=True).attentions
+    assert len(attentions) == 2 and attentions[0].shape == (2, 4, 10, 10)
+    assert (attentions[0].sum(-1) > 0).all() and (attentions[0].triu(1) == 0).all()
+
+
+def test_the_couplings_learn():
+    for options in (WINDOW, RELATIVE_BANDED):
+        model = converted("gpt2", options).train()
+        x = ids()
+        F.cross_entropy(model(x).logits[:, :-1].flatten(0, 1), x[:, 1:].flatten()).backward()
+        for _, module in bt.attention_modules(model):
+            assert module.boltzmann.couplings.weight.grad.abs().max() > 0
+            assert module.boltzmann.field_bias.grad.abs().max() > 0
 
 
 def test_the_shakespeare_example_runs_quickly(capsys):

@@ -24,15 +24,20 @@ Conventions at the boundary:
 
 - Mask: a bool mask (True: the key takes part), or an additive float mask in which an entry that is -inf or
   at most finfo(dtype).min / 2 (transformers writes the dtype's min) marks an *absent* key (removed from the
-  energy, weight 0), and any other finite value is added to the field h. No mask on a causal module means
-  the causal mask, aligned bottom-right as in ``torch.nn.attention.bias.causal_lower_right``: with a KV
-  cache the L queries are the last L of the S keys.
+  energy, weight 0), and any other finite value is added to the field h. With a KV cache (dynamic or static)
+  transformers' mask places the queries: the coupled window reads each query's slot from it (the last key it
+  sees, itself, as in every transformers causal mask), so slot a is key (slot - a) also during decoding.
 - Grouped-query attention: the key and value heads are repeated (``module.num_key_value_groups``); the
   couplings and field biases are per query head.
 - Dropout (transformers passes the module's attention dropout in training): applied to the attention
   weights a_ij, as transformers' eager attention does (each weight zeroed with probability p, the others
   scaled by 1 / (1 - p)), then the output is recomputed from them.
-- Weights are returned when the call asks for ``output_attentions`` (kwarg or config); else None.
+- Weights (B, Hq, L, S) are returned (``output_attentions=True`` collects them), except with the coupled
+  window, whose dense weights are assembled only when ``config.output_attentions`` (or the call's
+  ``output_attentions`` keyword) asks for them.
+- No mask: as transformers' SDPA attention, the call's ``is_causal`` (else the module's) decides, aligned
+  top-left for L > 1 queries (transformers gives no mask with L < S keys only for the prefill of an empty
+  static cache, whose later slots are empty: they are cut off) and one query (L = 1) sees every key.
 - Positions: 'full' couplings index keys by their slot in the cache (0 .. S - 1), so left padding shifts
   them; 'relative' couplings and the coupled 'window' depend on key distances only and are unchanged by it.
 """
@@ -123,17 +128,13 @@ def _read_mask(mask, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
     return ~absent, (extra.to(dtype) if bool((extra != 0).any()) else None)
 
 
-def _lower_right(L: int, S: int, device) -> Tensor:
-    """(L, S) bool: query i (position S - L + i) sees keys j <= S - L + i (causal_lower_right)."""
-    return torch.ones(L, S, dtype=torch.bool, device=device).tril(S - L)
-
-
 def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                       *, scaling: float | None = None, dropout: float = 0.0, **kwargs) -> tuple[Tensor, Tensor | None]:
     """transformers' attention-function signature: query (B, Hq, L, D), key and value (B, Hkv, S, D).
 
-    Returns the output (B, L, Hq, D) and the weights (B, Hq, L, S) if ``output_attentions`` is asked, else
-    None. The layer's options come from ``module.boltzmann`` (see :func:`convert`).
+    Returns the output (B, L, Hq, D) and the weights (B, Hq, L, S) (with the coupled window only if
+    ``output_attentions`` is asked, else None). The layer's options come from ``module.boltzmann`` (see
+    :func:`convert`); masks and alignment as in the module docstring.
     """
     params = getattr(module, ATTRIBUTE, None)
     if not isinstance(params, BoltzmannParameters):
@@ -153,52 +154,61 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
         key = key.repeat_interleave(H // key.shape[1], dim=1)
         value = value.repeat_interleave(H // value.shape[1], dim=1)
     present, extra = _read_mask(attention_mask, query.dtype)
-    lower_right = _lower_right(L, S, query.device)
-    if present is None:  # as SDPA: is_causal (the call's, else the module's) decides; causal is bottom-right here
+    S_all = S
+    if present is None:  # as SDPA in transformers: is_causal (the call's, else the module's) decides
         causal = kwargs.get("is_causal")
-        causal = bool(getattr(module, "is_causal", True) if causal is None else causal) or L <= 1  # 1 query: the last
-        present = lower_right if causal and L != S else None
-    else:  # the mask is all there is (a call's is_causal=False next to a mask only tells SDPA not to add one)
-        causal = not bool((present & ~lower_right).any())
+        causal = bool(getattr(module, "is_causal", True) if causal is None else causal) or L <= 1
+        if causal and L < S and L > 1:  # top-left, as SDPA: transformers gives no mask with 1 < L < S only for
+            key, value, S = key[..., :L, :], value[..., :L, :], L  # an empty static cache (later slots empty)
+        offset = S - L  # one query (L = 1) is the last position and sees every key
+    else:  # the mask decides; a causal one shows each query's slot: the last key it sees, itself
+        seen = torch.where(present, torch.arange(S, device=present.device), -1).amax(-1)
+        offset = max(int((seen - torch.arange(L, device=present.device)).max()), 0) if seen.numel() else 0
+        causal = offset + L <= S  # else some query sees a key after its own slot
     bias = 0.0 if params.field_bias is None else params.field_bias.to(query.dtype).view(-1, 1, 1)
     if extra is not None:
         bias = bias + extra
     if scaling is None:
         scaling = _module_scaling(module, query.shape[-1])
     config = getattr(module, "config", None)
-    want_weights = bool(kwargs.get("output_attentions") or getattr(config, "output_attentions", False))
+    # the weights come free except for the window (assembled from its band): there only when asked for
+    want_weights = params.coupling_window is None or bool(kwargs.get("output_attentions")
+                                                           or getattr(config, "output_attentions", False))
     use_dropout = dropout > 0 and module.training
-    call = {"couplings": params.couplings_for(S, query.dtype), "mode": params.mode, "method": params.method,
-            "method_options": params.method_options, "scale": scaling, "coupling_window": params.coupling_window,
-            "return_weights": want_weights or use_dropout}
+    call = {"mode": params.mode, "method": params.method, "method_options": params.method_options,
+            "scale": scaling, "coupling_window": params.coupling_window, "return_weights": want_weights or use_dropout}
 
-    pad = 0
     if params.coupling_window is not None:
         if not causal:
             raise ValueError(f"coupling='window' is causal (slot a is key i - a), but this call of "
                              f"{type(module).__name__} is not: its mask (or is_causal=False without a mask) lets a "
                              "query see a later key; use coupling='relative' or 'full' for non-causal attention")
-        if L < S:  # decoding with a cache: the window aligns top-left only, so the queries are padded in front
-            pad = S - L
-            query = F.pad(query, (0, 0, pad, 0))
-            if present is not None:
-                present = present.reshape((1,) * (4 - present.dim()) + tuple(present.shape))
-                present = torch.cat([present.new_ones(*present.shape[:-2], pad, S), present], dim=-2)
-            if isinstance(bias, Tensor) and bias.dim() == 4 and bias.shape[-2] == L:
-                bias = F.pad(bias, (0, 0, pad, 0))
-        result = boltzmann_attention(query, key, value, is_causal=True, attn_mask=present, bias=bias, **call)
-    else:
-        # causal with L == S: the functional's top-left causal mask is the same, and its causal paths are cheaper
-        result = boltzmann_attention(query, key, value, is_causal=causal and L == S, attn_mask=present, bias=bias,
+        # the window aligns top-left only: the L queries go to rows offset .. offset + L - 1 of offset + L rows
+        # (the rows in front are placeholders, dropped after), over the keys 0 .. offset + L - 1
+        S = offset + L
+        key, value = key[..., :S, :], value[..., :S, :]
+        query = F.pad(query, (0, 0, offset, 0))
+        if present is not None:
+            present = present.reshape((1,) * (4 - present.dim()) + tuple(present.shape))[..., :S]
+            present = torch.cat([present.new_ones(*present.shape[:-2], offset, S), present], dim=-2)
+        if isinstance(bias, Tensor) and bias.dim() == 4:
+            bias = F.pad(bias[..., :S], (0, 0, offset, 0))
+        result = boltzmann_attention(query, key, value, couplings=params.couplings_for(S, query.dtype),
+                                     is_causal=True, attn_mask=present, bias=bias, **call)
+    else:  # causal with L == S: the functional's top-left causal mask is the same, and its causal paths cheaper
+        result = boltzmann_attention(query, key, value, couplings=params.couplings_for(S, query.dtype),
+                                     is_causal=causal and offset == 0 and L == S, attn_mask=present, bias=bias,
                                      **call)
 
     out, weights = result if call["return_weights"] else (result, None)
-    if pad:
-        out = out[..., pad:, :]
-        weights = None if weights is None else weights[..., pad:, :]
+    out = out[..., out.shape[-2] - L:, :]
+    if weights is not None:
+        weights = weights[..., weights.shape[-2] - L:, :]
     if use_dropout:  # as eager attention: on the weights, then the output again from them
         weights = F.dropout(weights, p=dropout, training=True)
         out = weights @ value
+    if weights is not None and S < S_all:  # keys that were cut off (empty cache slots) have weight 0
+        weights = F.pad(weights, (0, S_all - S))
     return out.transpose(1, 2).contiguous(), (weights if want_weights else None)
 
 
