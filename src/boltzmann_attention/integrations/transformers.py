@@ -12,7 +12,7 @@
     model.save_pretrained(path)
     model = bt.from_pretrained(GPT2LMHeadModel, path)                   # couplings and field biases restored
 
-:func:`convert` attaches to every attention module an :class:`BoltzmannParameters` (the couplings, one of the
+:func:`convert` attaches to every attention module a :class:`BoltzmannParameters` (the couplings, one of the
 library's classes, and a learnable field bias per head, both marked no-weight-decay), stores the options in
 ``model.config.boltzmann_attention`` and selects the attention implementation ``"boltzmann"``:
 :func:`attention_forward`, registered in transformers' ``AttentionInterface`` (and transformers' SDPA mask
@@ -267,6 +267,12 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
         raise ValueError("method_options must be JSON-serialisable (numbers, strings, booleans): convert() stores "
                          f"them in model.config; got {method_options!r}") from None
     uses_J = "J" in mode
+    if not uses_J:
+        unused = [k for k in ("coupling", "coupling_window", "coupling_window_relative", "coupling_range", "method",
+                              "method_options", "coupling_init_std") if opts[k] != DEFAULTS[k]]
+        if unused:
+            raise ValueError(f"mode {mode!r} has no couplings (sigmoid attention, in closed form), so {unused} would "
+                             "be ignored: drop them, or use mode 'h+J'")
     if uses_J and coupling in ("full", "relative"):
         limits = {"exact": ("max_spins", method_options.get("max_spins", ising.exact.MAX_SPINS)),
                   "reference": (None, 20), "dqa": (None, ising.annealing.MAX_SPINS)}
