@@ -27,6 +27,9 @@ Conventions at the boundary:
   energy, weight 0), and any other finite value is added to the field h. With a KV cache (dynamic or static)
   transformers' mask places the queries: the coupled window reads each query's slot from it (the last key it
   sees, itself, as in every transformers causal mask), so slot a is key (slot - a) also during decoding.
+  Cost: the library's window aligns its queries top-left only, so the L new queries are computed as the last
+  L rows of a call with placeholder queries in front: a decoding step costs as much as a forward over the
+  context so far (correct, not cheap). 'full' and 'relative' couplings decode at the cost of their L rows.
 - Grouped-query attention: the key and value heads are repeated (``module.num_key_value_groups``); the
   couplings and field biases are per query head.
 - Dropout (transformers passes the module's attention dropout in training): applied to the attention
