@@ -304,6 +304,30 @@ def test_float_masks_mark_absent_keys_and_shift_the_field(options):
         bt.attention_forward(module, q, k, v, additive.masked_fill(present, math.nan), scaling=0.4)
 
 
+@pytest.mark.parametrize("mode", ["h+J", "J"])
+def test_window_decoding_rows_equal_the_last_rows_of_a_full_call(mode):
+    module = _Module({**WINDOW, "mode": mode})
+    module.config = type("Config", (), {"output_attentions": True})()
+    module.eval()
+    L, S = 2, 9  # the queries sit at slots 7 and 8: keys 0 .. 3 come before both windows (W = 4)
+    q, k, v = _qkv(L=L, S=S)
+    present = torch.ones(S, S, dtype=torch.bool).tril().expand(2, 1, S, S).clone()
+    present[0, :, :, :2] = False  # left padding of the first sequence
+    present[1, :, :, 5] = False   # an absent key inside the window
+    shift = 0.3 * torch.randn(2, 1, S, S, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    additive = shift.masked_fill(~present, torch.finfo(torch.float64).min)
+    out, weights = bt.attention_forward(module, q, k, v, additive[..., S - L:, :], scaling=0.4)
+    params = module.boltzmann
+    full_q = torch.cat([torch.zeros(2, 4, S - L, 8, dtype=torch.float64), q], dim=-2)  # rows 0 .. 6: placeholders
+    expected, expected_weights = boltzmann_attention(
+        full_q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), couplings=params.couplings_for(S, q.dtype),
+        mode=mode, is_causal=True, attn_mask=present, scale=0.4, return_weights=True,
+        bias=params.field_bias.view(-1, 1, 1) + shift.masked_fill(~present, 0.0), coupling_window=4)
+    torch.testing.assert_close(out, expected[..., S - L:, :].transpose(1, 2), rtol=0, atol=1e-12)
+    torch.testing.assert_close(weights, expected_weights[..., S - L:, :], rtol=0, atol=1e-12)
+    assert (weights[0, ..., :2] == 0).all() and (weights[1, ..., 5] == 0).all() and (weights[..., :4] > 0).any()
+
+
 def test_window_refuses_a_mask_that_sees_later_keys():
     module = _Module(WINDOW)
     q, k, v = _qkv()

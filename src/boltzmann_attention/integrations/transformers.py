@@ -27,9 +27,9 @@ Conventions at the boundary:
   energy, weight 0), and any other finite value is added to the field h. With a KV cache (dynamic or static)
   transformers' mask places the queries: the coupled window reads each query's slot from it (the last key it
   sees, itself, as in every transformers causal mask), so slot a is key (slot - a) also during decoding.
-  Cost: the library's window aligns its queries top-left only, so the L new queries are computed as the last
-  L rows of a call with placeholder queries in front: a decoding step costs as much as a forward over the
-  context so far (correct, not cheap). 'full' and 'relative' couplings decode at the cost of their L rows.
+  The library's window aligns its queries top-left only, so the L new queries follow W - 1 placeholder rows
+  in a call over their windows' keys, and the keys before every window (independent spins) are added here:
+  a decoding step costs about (W - 1 + L) rows of the window, plus L rows of sigmoid attention.
 - Grouped-query attention: the key and value heads are repeated (``module.num_key_value_groups``); the
   couplings and field biases are per query head.
 - Dropout (transformers passes the module's attention dropout in training): applied to the attention
@@ -173,6 +173,7 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
         bias = bias + extra
     if scaling is None:
         scaling = _module_scaling(module, query.shape[-1])
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     config = getattr(module, "config", None)
     # the weights come free except for the window (assembled from its band): there only when asked for
     want_weights = params.coupling_window is None or bool(kwargs.get("output_attentions")
@@ -186,33 +187,56 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
             raise ValueError(f"coupling='window' is causal (slot a is key i - a), but this call of "
                              f"{type(module).__name__} is not: its mask (or is_causal=False without a mask) lets a "
                              "query see a later key; use coupling='relative' or 'full' for non-causal attention")
-        # the window aligns top-left only: the L queries go to rows offset .. offset + L - 1 of offset + L rows
-        # (the rows in front are placeholders, dropped after), over the keys 0 .. offset + L - 1
-        S = offset + L
-        key, value = key[..., :S, :], value[..., :S, :]
-        query = F.pad(query, (0, 0, offset, 0))
-        if present is not None:
-            present = present.reshape((1,) * (4 - present.dim()) + tuple(present.shape))[..., :S]
-            present = torch.cat([present.new_ones(*present.shape[:-2], offset, S), present], dim=-2)
-        if isinstance(bias, Tensor) and bias.dim() == 4:
-            bias = F.pad(bias[..., :S], (0, 0, offset, 0))
-        result = boltzmann_attention(query, key, value, couplings=params.couplings_for(S, query.dtype),
-                                     is_causal=True, attn_mask=present, bias=bias, **call)
+        out, weights, value = _window(params, query, key, value, present, bias, offset, scaling, call)
     else:  # causal with L == S: the functional's top-left causal mask is the same, and its causal paths cheaper
         result = boltzmann_attention(query, key, value, couplings=params.couplings_for(S, query.dtype),
                                      is_causal=causal and offset == 0 and L == S, attn_mask=present, bias=bias,
                                      **call)
-
-    out, weights = result if call["return_weights"] else (result, None)
-    out = out[..., out.shape[-2] - L:, :]
-    if weights is not None:
-        weights = weights[..., weights.shape[-2] - L:, :]
+        out, weights = result if call["return_weights"] else (result, None)
     if use_dropout:  # as eager attention: on the weights, then the output again from them
         weights = F.dropout(weights, p=dropout, training=True)
         out = weights @ value
-    if weights is not None and S < S_all:  # keys that were cut off (empty cache slots) have weight 0
-        weights = F.pad(weights, (0, S_all - S))
+    if weights is not None and weights.shape[-1] < S_all:  # keys cut off (empty cache slots) have weight 0
+        weights = F.pad(weights, (0, S_all - weights.shape[-1]))
     return out.transpose(1, 2).contiguous(), (weights if want_weights else None)
+
+
+def _window(params: BoltzmannParameters, query: Tensor, key: Tensor, value: Tensor, present: Tensor | None, bias,
+            offset: int, scaling: float, call: dict) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The coupled window for L queries at slots offset .. offset + L - 1: (out, weights or None, the values used).
+
+    The library's window aligns its queries top-left (query row i is slot i), so the queries are put after
+    placeholder rows in a call over the keys lo .. offset + L - 1 (lo = offset - W + 1: each query's window
+    and what follows it); the keys before lo come before every query's window, independent spins with
+    weights sigmoid(2h), added here.
+    """
+    L = query.shape[-2]
+    S = offset + L  # later keys are empty cache slots, invisible to every query
+    lo = max(0, offset - (params.coupling_window - 1))
+    if present is not None:
+        present = present.reshape((1,) * (4 - present.dim()) + tuple(present.shape))
+    per_key = isinstance(bias, Tensor) and bias.dim() == 4  # a mask's finite values shift the field per key
+    result = boltzmann_attention(
+        F.pad(query, (0, 0, offset - lo, 0)), key[..., lo:S, :], value[..., lo:S, :],
+        couplings=params.couplings_for(S - lo, query.dtype), is_causal=True,
+        attn_mask=None if present is None else torch.cat(
+            [present.new_ones(*present.shape[:-2], offset - lo, S - lo), present[..., lo:S]], dim=-2),
+        bias=F.pad(bias[..., lo:S], (0, 0, offset - lo, 0)) if per_key else bias, **call)
+    out, weights = result if call["return_weights"] else (result, None)
+    out, weights = out[..., -L:, :], None if weights is None else weights[..., -L:, :]
+    if lo == 0:
+        return out, weights, value[..., :S, :]
+    field = bias[..., :lo] if per_key else bias
+    if params.mode != "J":
+        field = query @ key[..., :lo, :].transpose(-1, -2) * scaling + field
+    field = torch.as_tensor(field, dtype=query.dtype, device=query.device).expand(*out.shape[:-1], lo)
+    if not bool(torch.isfinite(field).all()):
+        raise ValueError("the field h = scale * query.key + bias contains NaN or inf")
+    before = torch.sigmoid(2 * field)
+    if present is not None:
+        before = before.masked_fill(~present[..., :lo], 0.0)
+    out = out + before @ value[..., :lo, :]
+    return out, None if weights is None else torch.cat([before, weights], dim=-1), value[..., :S, :]
 
 
 def _module_scaling(module: nn.Module, head_dim: int) -> float | None:
