@@ -99,7 +99,8 @@ def boltzmann_attention(
     give empty results. Every argument is checked first, and an error names it: query and key must be
     finite in every mode (and the field they make with bias), value is used as given (a NaN in it
     propagates, as in SDPA). The value checks are skipped on meta tensors and while ``torch.compile`` traces
-    (``torch.compiler.is_compiling()``): there they would need the data.
+    (``torch.compiler.is_compiling()``): there they would need the data. On meta tensors the result has the
+    right shape and dtype and no values (nothing is solved).
     """
     check_call(query, key, value, couplings=couplings, three_body=three_body, mode=mode, method=method,
                method_options=method_options, is_causal=is_causal, attn_mask=attn_mask, scale=scale, bias=bias,
@@ -197,6 +198,14 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
     check_values(mode, query, key, field)
 
+    if field.device.type == "meta":  # shapes and dtypes only: there are no values to solve for
+        weights = torch.sigmoid(2 * field)
+        weights = weights if mask is None else weights.masked_fill(~mask, 0.0)
+        if couplings is not None or three_body is not None:  # in the graph, as a computed result would be
+            weights = weights + sum((x.profile if isinstance(x, ising.toeplitz.Toeplitz) else x).sum() * 0
+                                    for x in (couplings, three_body) if x is not None)
+        out = weights @ value
+        return out, (weights.expand(*out.shape[:-1], S) if return_weights else None)
     if coupling_window is not None:
         return coupled_window.window_attention(
             field, value, couplings, coupling_window, mask, scores=(query, key, scale, bias) if uses_field else None,
@@ -344,7 +353,7 @@ class BoltzmannAttention(nn.Module):
                 raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {L})")
             attn_mask = ~key_padding_mask[:, None, None, :]
         couplings = None
-        if isinstance(self.couplings, RelativeCouplings) and self._toeplitz:
+        if isinstance(self.couplings, RelativeCouplings) and self._toeplitz and x.device.type != "meta":
             couplings = ising.toeplitz.Toeplitz(self.couplings.weight)  # f(1) .. f(range), (H, range)
         elif self.couplings is not None:
             couplings = self.couplings(L)
