@@ -285,9 +285,10 @@ class BoltzmannAttention(nn.Module):
         self.out = nn.Linear(embed_dim, embed_dim, bias=bias)
 
         self.couplings = None
-        self.coupling_window = coupling_window
+        self.coupling_window = None if coupling_window is None else int(coupling_window)  # any integral type
         if uses_J and coupling == "window":
-            self.couplings = WindowCouplings(num_heads, coupling_window, coupling_window_relative, coupling_init_std)
+            self.couplings = WindowCouplings(num_heads, self.coupling_window, coupling_window_relative,
+                                             coupling_init_std)
         elif uses_J and coupling == "full":
             self.couplings = FullCouplings(num_heads, max_len, coupling_init_std)
         elif uses_J:

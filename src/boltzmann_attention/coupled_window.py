@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .couplings import WindowCouplings
 from .ising import window as window_ising
+from .ising._inputs import check_int
 
 __all__ = ["WindowCouplings", "band_index", "band_scores", "band_times_value", "window_attention"]
 
@@ -65,6 +66,7 @@ def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: in
     and k (cheaper in the backward); else it is gathered from ``field``. Returns out (B, H, L, Ev) and the
     weights (B, H, L, S) if asked (else None). Empty batches, queries or keys give empty (or zero) results.
     """
+    window = check_int("coupling_window", window, 1)  # any integral type (numpy, ...), as every size
     compiling = couplings.device.type == "meta" or torch.compiler.is_compiling()
     window_ising.check_window(None if compiling else couplings, window, max_spins)  # values: eager only
     if couplings.dtype != field.dtype:
