@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .couplings import WindowCouplings
+from .ising import opaque
 from .ising import window as window_ising
 from .ising._inputs import check_int
 
@@ -94,13 +95,14 @@ def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: in
     if mask is not None:
         present = present & mask.expand(*mask.shape[:-2], L, S).gather(-1, index.expand(*mask.shape[:-2], L, window))
     J = couplings.flip(-1, -2)[:, None]
+    solve = opaque.window_marginals if torch.compiler.is_compiling() else window_ising.marginals  # ising/opaque.py
     partial = min(L, max(0, window - 1 - offset))  # the first rows have slots before key 0: absent
     if mask is None and partial < L and L + offset <= S:  # the other rows' windows are full: unmasked
-        full = window_ising.marginals(h_band[..., partial:, :], J)
-        m_band = full if partial == 0 else torch.cat(
-            [window_ising.marginals(h_band[..., :partial, :], J, present[:partial]), full], dim=-2)
+        full = solve(h_band[..., partial:, :], J, None)
+        m_band = full if partial == 0 else torch.cat([solve(h_band[..., :partial, :], J, present[:partial]), full],
+                                                     dim=-2)
     else:
-        m_band = window_ising.marginals(h_band, J, present)  # (B*, H*, L, W), 0 where absent
+        m_band = solve(h_band, J, present)  # (B*, H*, L, W), 0 where absent
     a_band = (m_band + present) * 0.5
 
     # before the window: independent spins, sigmoid(2h), on keys j <= i - W
