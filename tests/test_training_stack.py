@@ -404,3 +404,27 @@ def test_opaque_operators_pass_opcheck():
     JW = symmetric_couplings(3, 2, generator=g).float()[:, None].requires_grad_()
     torch.library.opcheck(opaque.window_marginals, (h[..., :3], JW, mask[..., :3]))
     torch.library.opcheck(opaque.window_marginals, (h[..., :3], JW, None))
+
+
+@pytest.mark.parametrize("config", sorted(LAYER_CONFIGS))
+def test_module_decodes_with_a_cache_as_the_full_forward(config):
+    """The module with a cache: a prompt of 3 tokens, then one token at a time, then a block of 2: every output
+    row equals the full causal forward's (positions of rope, ALiBi and the slot bias, the window's slots, the
+    forget gates and position-indexed couplings all count from the cached keys)."""
+    torch.manual_seed(0)
+    layer = BoltzmannAttention(16, 2, max_len=8, coupling_init_std=0.3, **LAYER_CONFIGS[config]).double()
+    with torch.no_grad():
+        for p in layer.parameters():  # away from zero: every term of the field matters
+            p.add_(0.2 * torch.randn_like(p))
+    x = torch.randn(2, 8, 16, dtype=DT)
+    full, full_w = layer(x, need_weights=True)
+    cache = {}
+    pieces = [layer(x[:, :3], cache=cache)[0]]
+    pieces += [layer(x[:, t:t + 1], cache=cache)[0] for t in range(3, 6)]
+    out, w = layer(x[:, 6:], cache=cache, need_weights=True)
+    tol = 1e-5 if "meanfield" in config else 1e-12  # a fixed point solved to tol 1e-6 over other row blocks
+    torch.testing.assert_close(torch.cat(pieces + [out], dim=1), full, atol=tol, rtol=0)
+    torch.testing.assert_close(w, full_w[:, :, 6:], atol=tol, rtol=0)
+    assert cache["value"].shape == (2, 2, 8, 8)
+    with pytest.raises(ValueError, match="cache must be a dict"):
+        layer(x, cache=[])

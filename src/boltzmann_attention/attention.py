@@ -76,10 +76,13 @@ def boltzmann_attention(
 
     attn_mask, broadcastable to (B, H, L, S), as SDPA: a bool tensor, True where the key takes part; or a float
     tensor added to the field (SDPA's additive mask): an entry -inf removes the key (it is absent, not clamped:
-    no spin, weight 0), a finite entry is added to h_ij; or a ``torch.nn.attention.bias.CausalBias``
-    (``causal_lower_right(L, S)``: query row r is the position S - L + r and sees keys j <= S - L + r, so queries
-    that end at the last key -- decoding with a key/value cache -- get the last rows of the full causal forward;
-    ``causal_lower_right(L, S)`` with L = S, and ``causal_upper_left``, are ``is_causal=True``). is_causal=True
+    no spin, weight 0), a finite entry is added to h_ij -- however negative: a mask of torch.finfo(dtype).min,
+    as some libraries build, pins the spin to -1 (weight 0) while its couplings still act on the other keys, and
+    sends the exact method to its float64 rescue; pass -inf or a bool mask for absent keys --; or a
+    ``torch.nn.attention.bias.CausalBias`` (``causal_lower_right(L, S)``: query row r is the position S - L + r
+    and sees keys j <= S - L + r, so queries that end at the last key -- decoding with a key/value cache -- get
+    the last rows of the full causal forward; ``causal_lower_right(L, S)`` with L = S, and
+    ``causal_upper_left``, are ``is_causal=True``). is_causal=True
     is SDPA's top-left alignment (row r sees j <= r); with a bool or float attn_mask as well, both apply.
 
     couplings may also be an :class:`ising.toeplitz.Toeplitz` (J_jk = f(|j - k|), profile (H, w)) for
@@ -318,30 +321,46 @@ class BoltzmannAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"x must have shape (B, L, embed_dim = {self.embed_dim}), got {tuple(x.shape)}")
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x: (B, L, embed_dim). key_padding_mask: (B, L) bool, True marks padding to ignore (the
-        nn.MultiheadAttention convention). Returns (output (B, L, embed_dim), weights (B, H, L, L) or None).
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, need_weights: bool = False,
+                cache: dict | None = None) -> tuple[Tensor, Tensor | None]:
+        """x: (B, L, embed_dim). key_padding_mask: (B, S) bool, True marks padding to ignore (the
+        nn.MultiheadAttention convention; S = L without a cache). Returns (output (B, L, embed_dim), weights
+        (B, H, L, S) or None).
+
+        cache: a dict, empty at the first call, for decoding: the keys and values of the earlier calls (after
+        the rotary embedding; with mode 'fox' also the forget gates) are kept in it, and x holds the next L
+        positions, which attend to every cached position and, causally, to each other (SDPA's bottom-right
+        alignment). Token by token this gives the rows of the full forward over the whole sequence.
         """
         self._check_input(x)
         if not isinstance(need_weights, bool):
             raise ValueError(f"need_weights must be True or False, got {need_weights!r}")
+        if cache is not None and not isinstance(cache, dict):
+            raise ValueError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
         B, L, _ = x.shape
+        past = 0 if not cache else cache["value"].shape[-2]
+        S = past + L
         v = self._heads(self.value(x))
         if self.query is not None:
             q, k = self._heads(self.query(x)), self._heads(self.key(x))
         else:  # mode J: no field from the input; q and k only carry the shapes
             q = k = v.new_zeros(B, self.num_heads, L, 1)
         if self.position == "rope":
-            positions = torch.arange(L, device=x.device)
+            positions = torch.arange(past, S, device=x.device)
             q, k = rotary(q, positions), rotary(k, positions)
-        prior = self._position_bias(L, x.dtype)  # (H, L, L) or None
+        log_forget = F.logsigmoid(self.forget_gate(x)).transpose(1, 2) if self.mode == "fox" else None  # (B, H, L)
+        if cache is not None:
+            if past:
+                k, v = torch.cat([cache["key"], k], dim=-2), torch.cat([cache["value"], v], dim=-2)
+                if log_forget is not None:
+                    log_forget = torch.cat([cache["log_forget"], log_forget], dim=-1)
+            cache.update(key=k, value=v, **({"log_forget": log_forget} if log_forget is not None else {}))
+        prior = self._position_bias(L, S, x.dtype)  # (H, L, S) or None
         if self.mode in RECENCY_MODES:
             if key_padding_mask is not None:
                 raise ValueError(f"mode {self.mode!r} takes no key_padding_mask (its recency runs over every key)")
             bias = 0.0 if prior is None else prior
             if self.mode == "fox":
-                log_forget = F.logsigmoid(self.forget_gate(x)).transpose(1, 2)  # (B, H, L)
                 result = recency.forgetting_attention(q, k, v, log_forget, bias=bias, return_weights=need_weights)
             else:
                 result = recency.stickbreaking_attention(q, k, v, bias=bias, return_weights=need_weights)
@@ -349,32 +368,32 @@ class BoltzmannAttention(nn.Module):
             return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
         attn_mask = None
         if key_padding_mask is not None:
-            if not isinstance(key_padding_mask, Tensor) or key_padding_mask.shape != (B, L) \
+            if not isinstance(key_padding_mask, Tensor) or key_padding_mask.shape != (B, S) \
                     or key_padding_mask.dtype != torch.bool:
-                raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {L})")
+                raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {S})")
             attn_mask = ~key_padding_mask[:, None, None, :]
         couplings = None
         if isinstance(self.couplings, RelativeCouplings) and self._toeplitz and x.device.type != "meta":
             couplings = ising.toeplitz.Toeplitz(self.couplings.weight)  # f(1) .. f(range), (H, range)
         elif self.couplings is not None:
-            couplings = self.couplings(L)
+            couplings = self.couplings(S)
         bias = self.field_bias.view(-1, 1, 1) if self.field_bias is not None else 0.0
         if prior is not None:
             bias = bias + prior
-        result = _attend(q, k, v, couplings, self.three_body(L) if self.three_body is not None else None, self.mode,
-                         self.method, 0 if self.causal else None, attn_mask, None, bias, need_weights,
+        result = _attend(q, k, v, couplings, self.three_body(S) if self.three_body is not None else None, self.mode,
+                         self.method, S - L if self.causal else None, attn_mask, None, bias, need_weights,
                          self.method_options, self.coupling_window)
         out, weights = result if need_weights else (result, None)
         return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
 
-
-    def _position_bias(self, L: int, dtype: torch.dtype) -> Tensor | None:
-        """ALiBi's and the slot bias's (H, L, L) sum, added to the field or the score; None without either."""
+    def _position_bias(self, L: int, S: int, dtype: torch.dtype) -> Tensor | None:
+        """ALiBi's and the slot bias's (H, L, S) sum (queries the last L of S positions), added to the field or the
+        score; None without either."""
         prior = None
         if self.position == "alibi":
-            prior = alibi_bias(alibi_slopes(self.num_heads).to(device=self.value.weight.device, dtype=dtype), L, L)
+            prior = alibi_bias(alibi_slopes(self.num_heads).to(device=self.value.weight.device, dtype=dtype), L, S)
         if self.slot_bias is not None:
-            slots = self.slot_bias(L, L).to(dtype)
+            slots = self.slot_bias(L, S).to(dtype)
             prior = slots if prior is None else prior + slots
         return prior
 
