@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._inputs import batch_shape
+from . import exact, window
+from ._inputs import batch_shape, check_inputs, empty_result, is_empty
 
 
 def _none_if_empty(x: Tensor | None, present: bool) -> Tensor | None:
@@ -60,8 +61,11 @@ def _grads(fn, tensors: list[Tensor | None], grad: Tensor) -> list[Tensor]:
 # --- method 'exact' ------------------------------------------------------------------------------------
 
 def _exact_eager(h, J, K, mask, max_spins):
-    from . import marginals  # the public, checked, eager entry point
-    return marginals(h, J, K, mask=mask, method="exact", max_spins=max_spins)
+    """What ``ising.marginals(..., method='exact')`` does in eager: the input checks, then the solver."""
+    check_inputs(h, J, K, mask)
+    if is_empty(h, J, K, mask):
+        return empty_result(h, J, K, mask, marginals=True)
+    return exact.marginals(h, J, K, mask, max_spins=max_spins)
 
 
 @torch.library.custom_op("boltzmann_attention::exact_marginals", mutates_args=())
@@ -107,7 +111,6 @@ exact_marginals.register_autograd(_exact_backward, setup_context=_exact_setup)
 # --- the coupled window ---------------------------------------------------------------------------------
 
 def _window_eager(h, J, present):
-    from . import window
     return window.marginals(h, J, present)
 
 
