@@ -258,6 +258,13 @@ class BoltzmannAttention(nn.Module):
     0..W-1 (zero at init, no weight decay). Modes 'fox' (forgetting attention, with a per-head forget gate
     Linear(embed_dim, num_heads) initialised like the other projections) and 'stickbreaking' are the learned-
     recency baselines of :mod:`boltzmann_attention.recency`; they are causal and take no coupling options.
+
+    Decoding: ``forward(x, cache={})`` keeps the keys and values in the dict and attends the next positions to
+    them (SDPA's bottom-right alignment); token by token it gives the full forward's rows. Dtypes: the module
+    cast to float16 or bfloat16, or run under ``torch.autocast``, computes fields and marginals in float32 and
+    returns the low dtype (see :func:`boltzmann_attention`). ``torch.compile(fullgraph=True)`` traces modes
+    softmax, h, h+J with method 'exact' and the coupled window without a graph break (method 'exact' and the
+    window's solver are opaque operators there: :mod:`boltzmann_attention.ising.opaque`).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, max_len: int, mode: str = "h+J",
