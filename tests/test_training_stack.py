@@ -90,6 +90,7 @@ def test_a_block_of_queries_that_ends_at_the_last_key(name):
         torch.testing.assert_close(w, expected, atol=1e-12, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore:Lower right causal bias will produce NaNs")  # SDPA's softmax; not here
 def test_causal_bias_variants_and_more_queries_than_keys():
     """causal_upper_left is is_causal=True; lower right with L > S: the first L - S rows see no key (zero weights
     and output, where SDPA's softmax gives NaN); a CausalBias for other sizes, or with is_causal, is refused."""
@@ -428,3 +429,16 @@ def test_module_decodes_with_a_cache_as_the_full_forward(config):
     assert cache["value"].shape == (2, 2, 8, 8)
     with pytest.raises(ValueError, match="cache must be a dict"):
         layer(x, cache=[])
+
+
+@pytest.mark.parametrize("config", ["h+J exact", "h+K", "window"])
+def test_module_refuses_couplings_that_are_not_finite(config):
+    """The module's couplings are symmetric with a zero diagonal by construction, so a forward checks only their
+    values, in the one reduction of the field's check: a NaN parameter is named, never solved."""
+    layer = BoltzmannAttention(16, 2, max_len=8, **LAYER_CONFIGS[config])
+    couplings = layer.couplings if layer.couplings is not None else layer.three_body
+    with torch.no_grad():
+        couplings.weight[0].view(-1)[1] = math.nan
+    name = "K" if config == "h+K" else "J"
+    with pytest.raises(ValueError, match=f"the couplings {name} contains NaN or inf"):
+        layer(torch.randn(2, 8, 16))

@@ -143,12 +143,14 @@ def _as(x, dtype: torch.dtype):
 
 
 def _attend(query, key, value, couplings, three_body, mode, method, causal_offset, attn_mask, scale, bias,
-            return_weights, method_options: dict, coupling_window):
+            return_weights, method_options: dict, coupling_window, built_couplings: bool = False):
     """:func:`boltzmann_attention` on checked arguments (the module checks its options once, at construction):
     the field, the marginals, the weighted sum. Only the values are checked here (NaN/inf in the field).
 
     causal_offset: None (not causal) or the offset d of the causal mask, query row r seeing keys j <= r + d
     (0: SDPA's top-left alignment, S - L: bottom-right). attn_mask: None, bool, or float (additive, -inf absent).
+    built_couplings: the couplings come from the module's parametrisations (symmetric with a zero diagonal by
+    construction), so only their values are checked, in the field's one reduction.
     """
     L, S = query.shape[-2], key.shape[-2]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
@@ -183,13 +185,13 @@ def _attend(query, key, value, couplings, three_body, mode, method, causal_offse
         query, key, value = query.to(compute), key.to(compute), value.to(compute)
         out, weights = _boltzmann(query, key, value, _as(couplings, compute), _as(three_body, compute), mode, method,
                                   causal_offset, mask, scale, _as(bias, compute), return_weights, method_options,
-                                  coupling_window)
+                                  coupling_window, built_couplings)
     out = out.to(result_dtype)
     return (out, weights.to(result_dtype)) if return_weights else out
 
 
 def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_offset, mask, scale, bias,
-               return_weights, method_options, coupling_window):
+               return_weights, method_options, coupling_window, built_couplings=False):
     """The Boltzmann modes of :func:`_attend` in one dtype: (out, weights or None)."""
     uses_field, _, _ = mode_terms(mode)
     L, S = query.shape[-2], key.shape[-2]
@@ -199,7 +201,9 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         shape = torch.broadcast_shapes(torch.as_tensor(bias).shape, (1, 1, L, S),
                                        mask.shape if mask is not None else ())
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
-    check_values(mode, query, key, field)
+    built = [(f"the couplings {name}", x) for name, x in (("J", couplings), ("K", three_body))
+             if built_couplings and isinstance(x, Tensor)]
+    check_values(mode, query, key, field, tuple(built))
 
     if field.device.type == "meta":  # shapes and dtypes only: there are no values to solve for
         weights = torch.sigmoid(2 * field)
@@ -212,7 +216,7 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
     if coupling_window is not None:
         return coupled_window.window_attention(
             field, value, couplings, coupling_window, mask, scores=(query, key, scale, bias) if uses_field else None,
-            return_weights=return_weights, offset=causal_offset, **method_options)
+            return_weights=return_weights, offset=causal_offset, check_couplings=False, **method_options)
     if mode == "h":
         weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
     else:
@@ -225,7 +229,7 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         else:  # (H, 1, S, S) against (B, H, L)
             J = couplings.unsqueeze(1) if couplings is not None else None
             K = three_body.unsqueeze(1) if three_body is not None else None
-            m = ising.marginals(field, J, K, mask=spins_mask, method=method, **method_options)
+            m = ising._marginals(field, J, K, spins_mask, method, method_options, check_inputs_=not built_couplings)
         weights = (m + 1) / 2
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
@@ -389,7 +393,7 @@ class BoltzmannAttention(nn.Module):
             bias = bias + prior
         result = _attend(q, k, v, couplings, self.three_body(S) if self.three_body is not None else None, self.mode,
                          self.method, S - L if self.causal else None, attn_mask, None, bias, need_weights,
-                         self.method_options, self.coupling_window)
+                         self.method_options, self.coupling_window, built_couplings=True)
         out, weights = result if need_weights else (result, None)
         return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
 

@@ -55,7 +55,7 @@ def _columns(L: int, S: int, window: int, device, offset: int = 0) -> tuple[Tens
 
 def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: int, mask: Tensor | None, *,
                      scores: tuple | None = None, return_weights: bool = False,
-                     max_spins: int = window_ising.MAX_SPINS, offset: int = 0):
+                     max_spins: int = window_ising.MAX_SPINS, offset: int = 0, check_couplings: bool = True):
     """Causal coupled-window attention.
 
     field: (B', H', L, S) fields, B' and H' broadcasting against value's; value: (B, H, S, Ev); couplings:
@@ -66,10 +66,14 @@ def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: in
     scores: (query, key, scale, bias) with field = scale q.k + bias, to compute the band of the field from q
     and k (cheaper in the backward); else it is gathered from ``field``. Returns out (B, H, L, Ev) and the
     weights (B, H, L, S) if asked (else None). Empty batches, queries or keys give empty (or zero) results.
+    check_couplings=False skips the checks of the couplings' values (finite, symmetric, zero diagonal), for
+    callers that made them (the module) or checked them (the functional form); shapes are checked always.
     """
     window = check_int("coupling_window", window, 1)  # any integral type (numpy, ...), as every size
     compiling = couplings.device.type == "meta" or torch.compiler.is_compiling()
-    window_ising.check_window(None if compiling else couplings, window, max_spins)  # values: eager only
+    window_ising.check_window(couplings if check_couplings and not compiling else None, window, max_spins)
+    if couplings.dim() != 3 or couplings.shape[-2:] != (window, window):
+        raise ValueError(f"window couplings must have shape (H, {window}, {window}), got {tuple(couplings.shape)}")
     if couplings.dtype != field.dtype:
         raise ValueError(f"window couplings must have the field's dtype {field.dtype}, got {couplings.dtype}")
     L, S = field.shape[-2:]

@@ -174,19 +174,26 @@ def _skip_value_checks(x: Tensor) -> bool:
     return x.device.type == "meta" or torch.compiler.is_compiling()
 
 
-def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None) -> None:
+def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
+                 couplings: tuple[tuple[str, Tensor], ...] = ()) -> None:
     """NaN or inf, refused in every mode: in query and key for mode 'softmax', else in the field h they make
-    with the bias (also for mode 'h', the closed form). value is used as given (a NaN propagates, as in SDPA).
-    Skipped on meta tensors and while torch.compile traces; in eager one reduction and one host sync."""
+    with the bias (also for mode 'h', the closed form), and in the named ``couplings`` (the module's own, whose
+    symmetry and zero diagonal hold by construction). value is used as given (a NaN propagates, as in SDPA).
+    One reduction per tensor and one host sync in all (a finite sum proves every entry finite; only a sum that
+    is not finite takes the entry-wise checks, which name the tensor). Skipped on meta tensors and while
+    torch.compile traces."""
     if _skip_value_checks(query):
         return
-    if mode == "softmax":
-        if bool(torch.isfinite(query.detach().sum() + key.detach().sum())):  # one reduction each, one sync
-            return
-        check_finite("query", query)
-        check_finite("key", key)
-    else:
-        check_finite("the field h = scale * query.key + bias", field)
+    named = [("query", query), ("key", key)] if mode == "softmax" else \
+        [("the field h = scale * query.key + bias", field)]
+    named += list(couplings)
+    total = named[0][1].detach().sum()
+    for _, x in named[1:]:
+        total = total + x.detach().sum().to(total.dtype)
+    if bool(torch.isfinite(total)):
+        return
+    for name, x in named:
+        check_finite(name, x)
 
 
 def check_layer_options(mode: str, method, method_options: dict | None, *, causal: bool, head_dim: int,

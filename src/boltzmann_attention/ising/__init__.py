@@ -89,11 +89,19 @@ def marginals(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *, ma
     (see its module). Under ``torch.compile``, method 'exact' is one opaque operator that runs this eager code
     at run time (:mod:`boltzmann_attention.ising.opaque`): the same numbers, no graph break.
     """
+    return _marginals(h, J, K, mask, method, options)
+
+
+def _marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, method, options: dict,
+               check_inputs_: bool = True) -> Tensor:
+    """:func:`marginals`; the attention module passes check_inputs_=False for couplings it built itself
+    (symmetric with a zero diagonal by construction) after checking their values and the field's finite."""
     record = resolve_method(method)
     record.validate(options)
     if record.name == "exact" and torch.compiler.is_compiling():  # one opaque node: see ising/opaque.py
         return opaque.exact_marginals(h, J, K, mask, options.get("max_spins", exact.MAX_SPINS))
-    check_inputs(h, J, K, mask)
+    if check_inputs_:
+        check_inputs(h, J, K, mask)
     if record.name == "exact" and is_empty(h, J, K, mask):
         return empty_result(h, J, K, mask, marginals=True)  # nothing to enumerate (exact.py assumes some)
     return record.marginals(h, J, K, mask, **options)
