@@ -442,3 +442,21 @@ def test_module_refuses_couplings_that_are_not_finite(config):
     name = "K" if config == "h+K" else "J"
     with pytest.raises(ValueError, match=f"the couplings {name} contains NaN or inf"):
         layer(torch.randn(2, 8, 16))
+
+
+@pytest.mark.parametrize("config", ["h+J exact", "window"])
+def test_module_decodes_a_padded_batch_with_a_cache(config):
+    """Left padding in a batch decoded with a cache: key_padding_mask covers every position so far (B, S), and
+    the rows equal the full forward with the same mask."""
+    torch.manual_seed(0)
+    layer = BoltzmannAttention(16, 2, max_len=8, coupling_init_std=0.3, **LAYER_CONFIGS[config]).double()
+    x = torch.randn(2, 6, 16, dtype=DT)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, :2] = True
+    full = layer(x, key_padding_mask=pad)[0]
+    cache = {}
+    outs = [layer(x[:, :3], key_padding_mask=pad[:, :3], cache=cache)[0]]
+    outs += [layer(x[:, t:t + 1], key_padding_mask=pad[:, :t + 1], cache=cache)[0] for t in range(3, 6)]
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match=r"key_padding_mask must be a bool tensor of shape \(2, 7\)"):
+        layer(x[:, :1], key_padding_mask=pad[:, :1], cache=cache)
