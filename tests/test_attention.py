@@ -103,8 +103,10 @@ def test_functional_errors():
         boltzmann_attention(q, k, v, couplings=J, mode="h")
     with pytest.raises(ValueError, match=r"couplings must have shape \(H, 6, 6\)"):
         boltzmann_attention(q, k, v, couplings=J[:, :5, :5])
-    with pytest.raises(ValueError, match="attn_mask must be a bool"):
-        boltzmann_attention(q, k, v, couplings=J, attn_mask=torch.zeros(6, 6))
+    with pytest.raises(ValueError, match="attn_mask must be a bool tensor .* or a float tensor"):
+        boltzmann_attention(q, k, v, couplings=J, attn_mask=torch.zeros(6, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match="attn_mask must be a bool or float tensor or a CausalBias"):
+        boltzmann_attention(q, k, v, couplings=J, attn_mask=[[True]])
     with pytest.raises(ValueError, match="4-D"):
         boltzmann_attention(q[0], k[0], v[0], couplings=J)
     with pytest.raises(ValueError, match="unknown method"):

@@ -180,3 +180,39 @@ def test_module_matches_naive(mode, options, causal):
         out_ref, w_ref = _layer_reference(layer, x, key_padding_mask)
         torch.testing.assert_close(w, w_ref, atol=1e-12, rtol=0)
         torch.testing.assert_close(out, out_ref, atol=1e-12, rtol=0)
+
+
+# --- the definition's masks and heads, SDPA's conventions ------------------------------------------------------
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_bottom_right_causal_rows_are_the_last_rows_of_the_causal_definition(window):
+    """causal_lower_right(L, S): query row r is position S - L + r, so the L queries get the last L rows of the
+    full causal definition (the window's slots counted from that position)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    q, k, v = _qkv(L=5, S=5)
+    J = symmetric_couplings(5 if window is None else window, 2)
+    full_out, full_w = naive_boltzmann_attention(q, k, v, J, is_causal=True, coupling_window=window)
+    out, w = naive_boltzmann_attention(q[:, :, 3:], k, v, J, attn_mask=causal_lower_right(2, 5),
+                                       coupling_window=window)
+    torch.testing.assert_close(w, full_w[:, :, 3:], atol=0, rtol=0)
+    torch.testing.assert_close(out, full_out[:, :, 3:], atol=0, rtol=0)
+
+
+def test_float_mask_and_grouped_heads_of_the_definition():
+    """A float mask: -inf is a bool mask's False (absent), a finite entry a bias; enable_gqa is keys and values
+    repeated per group of query heads."""
+    q, k, v = _qkv(H=4, L=4, S=5)
+    J = symmetric_couplings(5, 4)
+    mask = torch.randn(2, 1, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    present = mask > -0.5
+    mask = mask.masked_fill(~present, -math.inf)
+    _, w = naive_boltzmann_attention(q, k, v, J, attn_mask=mask)
+    _, expected = naive_boltzmann_attention(q, k, v, J, attn_mask=present, bias=mask.masked_fill(~present, 0.0))
+    torch.testing.assert_close(w, expected, atol=0, rtol=0)
+    assert (w[~present.expand_as(w)] == 0).all()
+    out, w = naive_boltzmann_attention(q, k[:, :2], v[:, :2], J, enable_gqa=True)
+    expected_out, expected = naive_boltzmann_attention(q, k[:, :2].repeat_interleave(2, 1),
+                                                       v[:, :2].repeat_interleave(2, 1), J)
+    torch.testing.assert_close(w, expected, atol=0, rtol=0)
+    torch.testing.assert_close(out, expected_out, atol=0, rtol=0)

@@ -3,12 +3,14 @@ masks, gradients, the module at lengths beyond the window, and the errors."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import symmetric_couplings
+from torch.nn.attention.bias import causal_lower_right
 
 from boltzmann_attention import BoltzmannAttention, boltzmann_attention
-from boltzmann_attention.coupled_window import WindowCouplings, band_scores, band_times_value
+from boltzmann_attention.coupled_window import WindowCouplings, band_scores, band_times_value, window_attention
 from boltzmann_attention.ising import reference
 from boltzmann_attention.ising import window as window_ising
 
@@ -277,3 +279,51 @@ def test_errors_name_the_problem():
         BoltzmannAttention(8, 2, max_len=8, mode="h+J+K", coupling="window", coupling_window=3)
     with pytest.raises(ValueError, match="is_causal=True"):
         BoltzmannAttention(8, 2, max_len=8, causal=False, coupling="window", coupling_window=3)
+
+
+def test_couplings_for_more_heads_than_the_queries_are_refused_by_name():
+    """Couplings of 3 heads for 2 query heads: the dense path's ValueError (before: a torch broadcast error)."""
+    q, k, v = _qkv(H=2, L=5)
+    with pytest.raises(ValueError, match=r"window couplings must have shape \(H, 3, 3\) with H = 1 or 2"):
+        boltzmann_attention(q, k, v, couplings=_random_window_J(3, 3), coupling_window=3, is_causal=True)
+    field = q @ k.mT
+    with pytest.raises(ValueError, match=r"window couplings must have shape \(H, 3, 3\) with H = 1 or 2 heads"):
+        window_attention(field, v, _random_window_J(3, 3), 3, None)
+
+
+@pytest.mark.filterwarnings("ignore:Lower right causal bias will produce NaNs")  # SDPA's softmax; not here
+@pytest.mark.parametrize("empty", ["B", "L", "S", "L and S"])
+def test_empty_batch_queries_or_keys_give_empty_results(empty):
+    """B, L or S = 0: empty (or, for S = 0, zero) outputs of the right shapes and a working backward, as the dense
+    path gives (before: min() of an empty tensor, ZeroDivisionError or index -1)."""
+    B, L, S = (0 if empty == "B" else 2), (0 if "L" in empty else 4), (0 if "S" in empty else 4)
+    q, k, v = _qkv(B=B, L=L, S=S)
+    J = _random_window_J(2, 3).requires_grad_()
+    for mask in (None, causal_lower_right(L, S)):
+        kwargs = {"is_causal": True} if mask is None else {"attn_mask": mask}
+        out, w = boltzmann_attention(q, k, v, couplings=J, coupling_window=3, return_weights=True, **kwargs)
+        dense, w_dense = boltzmann_attention(q, k, v, couplings=torch.zeros(2, S, S, dtype=torch.float64),
+                                             return_weights=True, **kwargs)
+        assert out.shape == dense.shape == (B, 2, L, 3) and w.shape == w_dense.shape == (B, 2, L, S)
+        assert (out == 0).all()
+        out.sum().backward()
+    layer = BoltzmannAttention(8, 2, max_len=4, coupling="window", coupling_window=3)
+    assert layer(torch.randn(B, L, 8))[0].shape == (B, L, 8)
+
+
+def test_window_size_of_any_integral_type():
+    """coupling_window=np.int64(3) is accepted like every other integer argument (check_int: any
+    numbers.Integral; before, the window alone refused it); bools, floats and tensors are not integers there."""
+    q, k, v = _qkv(L=5)
+    J = _random_window_J(2, 3)
+    expected = boltzmann_attention(q, k, v, couplings=J, coupling_window=3, is_causal=True)
+    out = boltzmann_attention(q, k, v, couplings=J, coupling_window=np.int64(3), is_causal=True)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    torch.testing.assert_close(window_attention(q @ k.mT / 2.0, v, J, np.int32(3), None)[0], expected, atol=1e-12,
+                               rtol=0)
+    layer = BoltzmannAttention(8, 2, max_len=4, coupling="window", coupling_window=np.int64(3))
+    assert layer.coupling_window == 3 and type(layer.coupling_window) is int
+    assert layer(torch.randn(1, 6, 8))[0].shape == (1, 6, 8)
+    for bad in (True, 3.0, torch.tensor(3)):
+        with pytest.raises(ValueError, match="coupling_window must be an integer >= 1"):
+            boltzmann_attention(q, k, v, couplings=J, coupling_window=bad, is_causal=True)

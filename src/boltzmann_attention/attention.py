@@ -20,11 +20,13 @@ come from :mod:`boltzmann_attention.ising` (``method``), the coupled window from
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from . import coupled_window, ising, recency
 from .couplings import FullCouplings, RelativeCouplings, ThreeBodyCouplings, WindowCouplings
@@ -60,54 +62,113 @@ def boltzmann_attention(
     return_weights: bool = False,
     method_options: dict | None = None,
     coupling_window: int | None = None,
+    enable_gqa: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention whose weights are Ising marginals, with SDPA's conventions.
 
-    query: (B, H, L, E); key: (B, H, S, E); value: (B, H, S, Ev). couplings: (H, S, S) symmetric with a
-    zero diagonal (H may be 1); three_body: (H, S, S, S). attn_mask: bool, broadcastable to (B, H, L, S),
-    True where the key takes part. scale defaults to 1 / sqrt(E). bias is added to the field h (a float
-    or a tensor broadcastable to (B, H, L, S), e.g. (H, 1, 1) for one bias per head); in mode 'softmax' it is
-    added to the scores. ``method`` and
+    query: (B, H, L, E); key: (B, Hkv, S, E); value: (B, Hkv, S, Ev), Hkv = H unless ``enable_gqa`` (grouped-query
+    attention, as SDPA: H a multiple of Hkv, query head h reads key/value head h // (H / Hkv)). couplings: (H, S, S)
+    symmetric with a zero diagonal (H may be 1; one per query head); three_body: (H, S, S, S). scale defaults
+    to 1 / sqrt(E). bias is added to the field h (a float or a tensor broadcastable to (B, H, L, S), e.g.
+    (H, 1, 1) for one bias per head); in mode 'softmax' it is added to the scores. ``method`` and
     ``method_options`` choose how marginals are computed (see :mod:`boltzmann_attention.ising`); mode
     'h' uses the closed form sigmoid(2h) and ignores them.
+
+    attn_mask, broadcastable to (B, H, L, S), as SDPA: a bool tensor, True where the key takes part; or a float
+    tensor added to the field (SDPA's additive mask): an entry -inf removes the key (it is absent, not clamped:
+    no spin, weight 0), a finite entry is added to h_ij -- however negative: a mask of torch.finfo(dtype).min,
+    as some libraries build, pins the spin to -1 (weight 0) while its couplings still act on the other keys, and
+    sends the exact method to its float64 rescue; pass -inf or a bool mask for absent keys --; or a
+    ``torch.nn.attention.bias.CausalBias`` (``causal_lower_right(L, S)``: query row r is the position S - L + r
+    and sees keys j <= S - L + r, so queries that end at the last key -- decoding with a key/value cache -- get
+    the last rows of the full causal forward; ``causal_lower_right(L, S)`` with L = S, and
+    ``causal_upper_left``, are ``is_causal=True``). is_causal=True
+    is SDPA's top-left alignment (row r sees j <= r); with a bool or float attn_mask as well, both apply.
 
     couplings may also be an :class:`ising.toeplitz.Toeplitz` (J_jk = f(|j - k|), profile (H, w)) for
     methods 'meanfield' and 'tap': J is then applied as the banded operator, never as an (S, S) matrix.
 
     coupling_window=W: the coupled window (causal only, method 'exact'): couplings (H, W, W) indexed by
-    window slot (slot a = key i - a), keys before the window independent; any length. See
-    :mod:`boltzmann_attention.coupled_window`.
+    window slot (slot a = the key a positions before the query), keys before the window independent; any
+    length, either causal alignment. See :mod:`boltzmann_attention.coupled_window`.
+
+    Dtypes: float32 and float64 are computed in their own dtype. float16 and bfloat16 inputs, and any input
+    under ``torch.autocast``, have their fields, marginals and weighted sum computed in float32 (float64 stays
+    float64) and the result returned in the input's dtype, or the autocast dtype under autocast (as SDPA).
+    Tensors of bias, couplings, three_body and a float attn_mask of another float dtype are cast.
 
     Returns the output (B, H, L, Ev), and the weights (B, H, L, S) when return_weights is True. A query
     with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there); B, L or S = 0
     give empty results. Every argument is checked first, and an error names it: query and key must be
     finite in every mode (and the field they make with bias), value is used as given (a NaN in it
-    propagates, as in SDPA).
+    propagates, as in SDPA). The value checks are skipped on meta tensors and while ``torch.compile`` traces
+    (``torch.compiler.is_compiling()``): there they would need the data. On meta tensors the result has the
+    right shape and dtype and no values (nothing is solved).
     """
     check_call(query, key, value, couplings=couplings, three_body=three_body, mode=mode, method=method,
                method_options=method_options, is_causal=is_causal, attn_mask=attn_mask, scale=scale, bias=bias,
-               return_weights=return_weights, coupling_window=coupling_window)
-    return _attend(query, key, value, couplings, three_body, mode, method, is_causal, attn_mask, scale, bias,
-                   return_weights, method_options or {}, coupling_window)
+               return_weights=return_weights, coupling_window=coupling_window, enable_gqa=enable_gqa)
+    L, S = query.shape[-2], key.shape[-2]
+    causal_offset = 0 if is_causal else None
+    if isinstance(attn_mask, CausalBias):
+        causal_offset = S - L if attn_mask.variant == CausalVariant.LOWER_RIGHT else 0
+        attn_mask = None
+    if key.shape[1] != query.shape[1]:  # grouped-query attention: query head h reads key/value head h // group
+        group = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    return _attend(query, key, value, couplings, three_body, mode, method, causal_offset, attn_mask, scale, bias,
+                   return_weights, method_options or {}, None if coupling_window is None else int(coupling_window))
 
 
-def _attend(query, key, value, couplings, three_body, mode, method, is_causal, attn_mask, scale, bias,
-            return_weights, method_options: dict, coupling_window):
+def _result_dtype(x: Tensor) -> torch.dtype:
+    """The dtype of the result: the autocast dtype under autocast (as SDPA), else x's."""
+    device = x.device.type
+    if device in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
+def _no_autocast(device: str):
+    """A context without autocast on ``device`` (the Boltzmann modes pick their own dtype)."""
+    if device in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(device):
+        return torch.autocast(device, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _as(x, dtype: torch.dtype):
+    """x cast to dtype when it is a tensor (a Toeplitz operator: its profile)."""
+    if isinstance(x, ising.toeplitz.Toeplitz):
+        return ising.toeplitz.Toeplitz(x.profile.to(dtype))
+    return x.to(dtype) if isinstance(x, Tensor) else x
+
+
+def _attend(query, key, value, couplings, three_body, mode, method, causal_offset, attn_mask, scale, bias,
+            return_weights, method_options: dict, coupling_window, built_couplings: bool = False):
     """:func:`boltzmann_attention` on checked arguments (the module checks its options once, at construction):
-    the field, the marginals, the weighted sum. Only the values are checked here (NaN/inf in the field)."""
-    uses_field, _, _ = mode_terms(mode)
+    the field, the marginals, the weighted sum. Only the values are checked here (NaN/inf in the field).
+
+    causal_offset: None (not causal) or the offset d of the causal mask, query row r seeing keys j <= r + d
+    (0: SDPA's top-left alignment, S - L: bottom-right). attn_mask: None, bool, or float (additive, -inf absent).
+    built_couplings: the couplings come from the module's parametrisations (symmetric with a zero diagonal by
+    construction), so only their values are checked, in the field's one reduction.
+    """
     L, S = query.shape[-2], key.shape[-2]
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    mask = attn_mask
-    if is_causal:  # query i sees keys j <= i, aligned top-left as in SDPA; True where the key takes part
-        causal = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
+    mask, additive = attn_mask, None
+    if mask is not None and mask.is_floating_point():  # SDPA's additive mask: -inf absent, the rest on the field
+        mask, additive = mask != float("-inf"), mask
+        additive = additive.masked_fill(~mask, 0.0)
+    if causal_offset is not None:  # True where the key takes part
+        causal = torch.ones(L, S, dtype=torch.bool, device=query.device).tril(causal_offset)
         mask = causal if mask is None else mask & causal
 
-    if mode == "softmax":  # bias: added to the scores (SDPA's additive mask)
+    if mode == "softmax":  # bias and a float mask: added to the scores (SDPA's additive mask)
         check_values(mode, query, key, None)
+        if additive is not None:
+            bias = additive + bias
         if isinstance(bias, Tensor) or bias != 0:
-            additive = torch.zeros(L, S, dtype=query.dtype, device=query.device) + bias
-            mask = additive if mask is None else additive.masked_fill(~mask, float("-inf"))
+            shift = torch.zeros(L, S, dtype=query.dtype, device=query.device) + _as(bias, query.dtype)
+            mask = shift if mask is None else shift.masked_fill(~mask, float("-inf"))
         if not return_weights:
             return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
         logits = query @ key.transpose(-1, -2) * scale
@@ -116,37 +177,64 @@ def _attend(query, key, value, couplings, three_body, mode, method, is_causal, a
         weights = torch.softmax(logits, dim=-1)
         return weights @ value, weights
 
+    result_dtype = _result_dtype(query)
+    compute = torch.promote_types(query.dtype, torch.float32)  # float16, bfloat16 -> float32; float64 stays
+    with _no_autocast(query.device.type):
+        if additive is not None:
+            bias = additive.to(compute) + _as(bias, compute)
+        query, key, value = query.to(compute), key.to(compute), value.to(compute)
+        out, weights = _boltzmann(query, key, value, _as(couplings, compute), _as(three_body, compute), mode, method,
+                                  causal_offset, mask, scale, _as(bias, compute), return_weights, method_options,
+                                  coupling_window, built_couplings)
+    out = out.to(result_dtype)
+    return (out, weights.to(result_dtype)) if return_weights else out
+
+
+def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_offset, mask, scale, bias,
+               return_weights, method_options, coupling_window, built_couplings=False):
+    """The Boltzmann modes of :func:`_attend` in one dtype: (out, weights or None)."""
+    uses_field, _, _ = mode_terms(mode)
+    L, S = query.shape[-2], key.shape[-2]
     if uses_field:
         field = query @ key.transpose(-1, -2) * scale + bias
     else:  # mode J: the field is the bias alone, so compute the weights once, not once per batch item
         shape = torch.broadcast_shapes(torch.as_tensor(bias).shape, (1, 1, L, S),
                                        mask.shape if mask is not None else ())
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
-    check_values(mode, query, key, field)
+    built = [(f"the couplings {name}", x) for name, x in (("J", couplings), ("K", three_body))
+             if built_couplings and isinstance(x, Tensor)]
+    check_values(mode, query, key, field, tuple(built))
 
+    if field.device.type == "meta":  # shapes and dtypes only: there are no values to solve for
+        weights = torch.sigmoid(2 * field)
+        weights = weights if mask is None else weights.masked_fill(~mask, 0.0)
+        if couplings is not None or three_body is not None:  # in the graph, as a computed result would be
+            weights = weights + sum((x.profile if isinstance(x, ising.toeplitz.Toeplitz) else x).sum() * 0
+                                    for x in (couplings, three_body) if x is not None)
+        out = weights @ value
+        return out, (weights.expand(*out.shape[:-1], S) if return_weights else None)
     if coupling_window is not None:
-        out, weights = coupled_window.window_attention(
+        return coupled_window.window_attention(
             field, value, couplings, coupling_window, mask, scores=(query, key, scale, bias) if uses_field else None,
-            return_weights=return_weights, **method_options)
-        return (out, weights) if return_weights else out
+            return_weights=return_weights, offset=causal_offset, check_couplings=False, **method_options)
     if mode == "h":
         weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
     else:
         spins_mask = None if mask is None else mask.expand(torch.broadcast_shapes(mask.shape, field.shape))
         if isinstance(couplings, ising.toeplitz.Toeplitz):  # one profile per head, (H, 1, w) against (B, H, L)
-            solve = ising.toeplitz.causal_marginals if is_causal else ising.toeplitz.solve
+            solve = ising.toeplitz.causal_marginals if causal_offset == 0 else ising.toeplitz.solve
             m = solve(field.expand(torch.broadcast_shapes(field.shape, (1, 1, L, S))),
                       ising.toeplitz.Toeplitz(couplings.profile[:, None]), spins_mask, tap=method == "tap",
                       **method_options)[0]
         else:  # (H, 1, S, S) against (B, H, L)
             J = couplings.unsqueeze(1) if couplings is not None else None
             K = three_body.unsqueeze(1) if three_body is not None else None
-            m = ising.marginals(field, J, K, mask=spins_mask, method=method, **method_options)
+            m = ising._marginals(field, J, K, spins_mask, method, method_options, check_inputs_=not built_couplings)
         weights = (m + 1) / 2
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     out = weights @ value
-    return (out, weights.expand(*out.shape[:-1], S)) if return_weights else out
+    return out, (weights.expand(*out.shape[:-1], S) if return_weights else None)
 
 
 class BoltzmannAttention(nn.Module):
@@ -174,6 +262,13 @@ class BoltzmannAttention(nn.Module):
     0..W-1 (zero at init, no weight decay). Modes 'fox' (forgetting attention, with a per-head forget gate
     Linear(embed_dim, num_heads) initialised like the other projections) and 'stickbreaking' are the learned-
     recency baselines of :mod:`boltzmann_attention.recency`; they are causal and take no coupling options.
+
+    Decoding: ``forward(x, cache={})`` keeps the keys and values in the dict and attends the next positions to
+    them (SDPA's bottom-right alignment); token by token it gives the full forward's rows. Dtypes: the module
+    cast to float16 or bfloat16, or run under ``torch.autocast``, computes fields and marginals in float32 and
+    returns the low dtype (see :func:`boltzmann_attention`). ``torch.compile(fullgraph=True)`` traces modes
+    softmax, h, h+J with method 'exact' and the coupled window without a graph break (method 'exact' and the
+    window's solver are opaque operators there: :mod:`boltzmann_attention.ising.opaque`).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, max_len: int, mode: str = "h+J",
@@ -204,9 +299,10 @@ class BoltzmannAttention(nn.Module):
         self.out = nn.Linear(embed_dim, embed_dim, bias=bias)
 
         self.couplings = None
-        self.coupling_window = coupling_window
+        self.coupling_window = None if coupling_window is None else int(coupling_window)  # any integral type
         if uses_J and coupling == "window":
-            self.couplings = WindowCouplings(num_heads, coupling_window, coupling_window_relative, coupling_init_std)
+            self.couplings = WindowCouplings(num_heads, self.coupling_window, coupling_window_relative,
+                                             coupling_init_std)
         elif uses_J and coupling == "full":
             self.couplings = FullCouplings(num_heads, max_len, coupling_init_std)
         elif uses_J:
@@ -236,30 +332,46 @@ class BoltzmannAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"x must have shape (B, L, embed_dim = {self.embed_dim}), got {tuple(x.shape)}")
 
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x: (B, L, embed_dim). key_padding_mask: (B, L) bool, True marks padding to ignore (the
-        nn.MultiheadAttention convention). Returns (output (B, L, embed_dim), weights (B, H, L, L) or None).
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, need_weights: bool = False,
+                cache: dict | None = None) -> tuple[Tensor, Tensor | None]:
+        """x: (B, L, embed_dim). key_padding_mask: (B, S) bool, True marks padding to ignore (the
+        nn.MultiheadAttention convention; S = L without a cache). Returns (output (B, L, embed_dim), weights
+        (B, H, L, S) or None).
+
+        cache: a dict, empty at the first call, for decoding: the keys and values of the earlier calls (after
+        the rotary embedding; with mode 'fox' also the forget gates) are kept in it, and x holds the next L
+        positions, which attend to every cached position and, causally, to each other (SDPA's bottom-right
+        alignment). Token by token this gives the rows of the full forward over the whole sequence.
         """
         self._check_input(x)
         if not isinstance(need_weights, bool):
             raise ValueError(f"need_weights must be True or False, got {need_weights!r}")
+        if cache is not None and not isinstance(cache, dict):
+            raise ValueError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
         B, L, _ = x.shape
+        past = 0 if not cache else cache["value"].shape[-2]
+        S = past + L
         v = self._heads(self.value(x))
         if self.query is not None:
             q, k = self._heads(self.query(x)), self._heads(self.key(x))
         else:  # mode J: no field from the input; q and k only carry the shapes
             q = k = v.new_zeros(B, self.num_heads, L, 1)
         if self.position == "rope":
-            positions = torch.arange(L, device=x.device)
+            positions = torch.arange(past, S, device=x.device)
             q, k = rotary(q, positions), rotary(k, positions)
-        prior = self._position_bias(L, x.dtype)  # (H, L, L) or None
+        log_forget = F.logsigmoid(self.forget_gate(x)).transpose(1, 2) if self.mode == "fox" else None  # (B, H, L)
+        if cache is not None:
+            if past:
+                k, v = torch.cat([cache["key"], k], dim=-2), torch.cat([cache["value"], v], dim=-2)
+                if log_forget is not None:
+                    log_forget = torch.cat([cache["log_forget"], log_forget], dim=-1)
+            cache.update(key=k, value=v, **({"log_forget": log_forget} if log_forget is not None else {}))
+        prior = self._position_bias(L, S, x.dtype)  # (H, L, S) or None
         if self.mode in RECENCY_MODES:
             if key_padding_mask is not None:
                 raise ValueError(f"mode {self.mode!r} takes no key_padding_mask (its recency runs over every key)")
             bias = 0.0 if prior is None else prior
             if self.mode == "fox":
-                log_forget = F.logsigmoid(self.forget_gate(x)).transpose(1, 2)  # (B, H, L)
                 result = recency.forgetting_attention(q, k, v, log_forget, bias=bias, return_weights=need_weights)
             else:
                 result = recency.stickbreaking_attention(q, k, v, bias=bias, return_weights=need_weights)
@@ -267,32 +379,32 @@ class BoltzmannAttention(nn.Module):
             return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
         attn_mask = None
         if key_padding_mask is not None:
-            if not isinstance(key_padding_mask, Tensor) or key_padding_mask.shape != (B, L) \
+            if not isinstance(key_padding_mask, Tensor) or key_padding_mask.shape != (B, S) \
                     or key_padding_mask.dtype != torch.bool:
-                raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {L})")
+                raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {S})")
             attn_mask = ~key_padding_mask[:, None, None, :]
         couplings = None
-        if isinstance(self.couplings, RelativeCouplings) and self._toeplitz:
+        if isinstance(self.couplings, RelativeCouplings) and self._toeplitz and x.device.type != "meta":
             couplings = ising.toeplitz.Toeplitz(self.couplings.weight)  # f(1) .. f(range), (H, range)
         elif self.couplings is not None:
-            couplings = self.couplings(L)
+            couplings = self.couplings(S)
         bias = self.field_bias.view(-1, 1, 1) if self.field_bias is not None else 0.0
         if prior is not None:
             bias = bias + prior
-        result = _attend(q, k, v, couplings, self.three_body(L) if self.three_body is not None else None, self.mode,
-                         self.method, self.causal, attn_mask, None, bias, need_weights, self.method_options,
-                         self.coupling_window)
+        result = _attend(q, k, v, couplings, self.three_body(S) if self.three_body is not None else None, self.mode,
+                         self.method, S - L if self.causal else None, attn_mask, None, bias, need_weights,
+                         self.method_options, self.coupling_window, built_couplings=True)
         out, weights = result if need_weights else (result, None)
         return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
 
-
-    def _position_bias(self, L: int, dtype: torch.dtype) -> Tensor | None:
-        """ALiBi's and the slot bias's (H, L, L) sum, added to the field or the score; None without either."""
+    def _position_bias(self, L: int, S: int, dtype: torch.dtype) -> Tensor | None:
+        """ALiBi's and the slot bias's (H, L, S) sum (queries the last L of S positions), added to the field or the
+        score; None without either."""
         prior = None
         if self.position == "alibi":
-            prior = alibi_bias(alibi_slopes(self.num_heads).to(device=self.value.weight.device, dtype=dtype), L, L)
+            prior = alibi_bias(alibi_slopes(self.num_heads).to(device=self.value.weight.device, dtype=dtype), L, S)
         if self.slot_bias is not None:
-            slots = self.slot_bias(L, L).to(dtype)
+            slots = self.slot_bias(L, S).to(dtype)
             prior = slots if prior is None else prior + slots
         return prior
 

@@ -26,47 +26,72 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .couplings import WindowCouplings
+from .ising import opaque
 from .ising import window as window_ising
+from .ising._inputs import check_int
 
 __all__ = ["WindowCouplings", "band_index", "band_scores", "band_times_value", "window_attention"]
 
 
-def band_index(L: int, S: int, window: int, device=None) -> tuple[Tensor, Tensor]:
-    """Key index i - a of slot a for query i, clamped into [0, S) (L, W), and whether it is a key (L, W)."""
-    index = torch.arange(L, device=device)[:, None] - torch.arange(window, device=device)[None, :]
-    return index.clamp(0, S - 1), (index >= 0) & (index < S)
+def band_index(L: int, S: int, window: int, device=None, offset: int = 0) -> tuple[Tensor, Tensor]:
+    """Key index i - a of slot a for query row r at position i = r + offset, clamped into [0, S) (L, W), and
+    whether it is a key (L, W). offset 0: SDPA's top-left causal alignment; S - L: bottom-right."""
+    index = torch.arange(L, device=device)[:, None] + offset - torch.arange(window, device=device)[None, :]
+    return index.clamp(0, max(S - 1, 0)), (index >= 0) & (index < S)
+
+
+def _cached(fn, *args):
+    """fn(*args) from its lru_cache in eager; computed afresh while torch.compile traces (constants there)."""
+    return fn.__wrapped__(*args) if torch.compiler.is_compiling() else fn(*args)
 
 
 @lru_cache(maxsize=16)
-def _columns(L: int, S: int, window: int, device) -> tuple[Tensor, Tensor]:
-    """band_index in column order t = W - 1 - a (column t of row i is key i - W + 1 + t), as used inside."""
-    index, valid = band_index(L, S, window, device)
+def _columns(L: int, S: int, window: int, device, offset: int = 0) -> tuple[Tensor, Tensor]:
+    """band_index in column order t = W - 1 - a (column t of row r is key r + offset - W + 1 + t), as used
+    inside."""
+    index, valid = band_index(L, S, window, device, offset)
     return index.flip(-1), valid.flip(-1)
 
 
 def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: int, mask: Tensor | None, *,
                      scores: tuple | None = None, return_weights: bool = False,
-                     max_spins: int = window_ising.MAX_SPINS):
+                     max_spins: int = window_ising.MAX_SPINS, offset: int = 0, check_couplings: bool = True):
     """Causal coupled-window attention.
 
     field: (B', H', L, S) fields, B' and H' broadcasting against value's; value: (B, H, S, Ev); couplings:
     (H or 1, W, W) slot-indexed, symmetric, zero diagonal; mask: bool broadcastable to (B, H, L, S), True
-    where the key takes part, or None (the causal mask is structural: slot a is key i - a, and the
-    independent part is j <= i - W). scores: (query, key, scale, bias) with field = scale q.k + bias, to
-    compute the band of the field from q and k (cheaper in the backward); else it is gathered from
-    ``field``. Returns out (B, H, L, Ev) and the weights (B, H, L, S) if asked (else None).
+    where the key takes part, or None (the causal mask is structural: slot a of query row r is key
+    r + offset - a, and the independent part is j <= r + offset - W). offset: 0 for SDPA's top-left causal
+    alignment, S - L for the bottom-right one (queries that end at the last key: decoding with a cache).
+    scores: (query, key, scale, bias) with field = scale q.k + bias, to compute the band of the field from q
+    and k (cheaper in the backward); else it is gathered from ``field``. Returns out (B, H, L, Ev) and the
+    weights (B, H, L, S) if asked (else None). Empty batches, queries or keys give empty (or zero) results.
+    check_couplings=False skips the checks of the couplings' values (finite, symmetric, zero diagonal), for
+    callers that made them (the module) or checked them (the functional form); shapes are checked always.
     """
-    window_ising.check_window(couplings, window, max_spins)
+    window = check_int("coupling_window", window, 1)  # any integral type (numpy, ...), as every size
+    compiling = couplings.device.type == "meta" or torch.compiler.is_compiling()
+    window_ising.check_window(couplings if check_couplings and not compiling else None, window, max_spins)
+    if couplings.dim() != 3 or couplings.shape[-2:] != (window, window):
+        raise ValueError(f"window couplings must have shape (H, {window}, {window}), got {tuple(couplings.shape)}")
     if couplings.dtype != field.dtype:
         raise ValueError(f"window couplings must have the field's dtype {field.dtype}, got {couplings.dtype}")
     L, S = field.shape[-2:]
+    H = torch.broadcast_shapes(field.shape[:-2], value.shape[:-2])[-1]
+    if couplings.shape[0] not in (1, H):
+        raise ValueError(f"window couplings must have shape (H, {window}, {window}) with H = 1 or {H} heads, got "
+                         f"{tuple(couplings.shape)}")
+    if L == 0 or S == 0 or field.numel() == 0 or value.numel() == 0:  # nothing to solve: zeros, still in the graph
+        a_out = torch.sigmoid(2 * field) * 0 + couplings.sum() * 0
+        out = a_out @ value
+        return out, (a_out.expand(*out.shape[:-1], S) if return_weights else None)
     # the band in column order t = W - 1 - a, so that no (L, W) tensor needs flipping; J is flipped instead
-    index, present = _columns(L, S, window, field.device)
+    index, present = _cached(_columns, L, S, window, field.device, offset)
     if scores is None:
         h_band = field.gather(-1, index.expand(*field.shape[:-2], L, window))
     else:
         query, key, scale, bias = scores
-        h_band = _band_scores(query, key, window) * scale
+        h_band = _band_scores(query, key, window, offset=offset) * scale
         if isinstance(bias, Tensor) and bias.dim() >= 1 and bias.shape[-1] != 1:  # a bias per key: its band
             bias = bias.reshape((1,) * (2 - min(bias.dim(), 2)) + tuple(bias.shape))
             bias = bias.expand(*bias.shape[:-2], L, S).gather(-1, index.expand(*bias.shape[:-2], L, window))
@@ -74,40 +99,50 @@ def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: in
     if mask is not None:
         present = present & mask.expand(*mask.shape[:-2], L, S).gather(-1, index.expand(*mask.shape[:-2], L, window))
     J = couplings.flip(-1, -2)[:, None]
-    if mask is None and L >= window:  # only the first W - 1 queries have absent slots: full windows go unmasked
-        m_band = torch.cat([window_ising.marginals(h_band[..., :window - 1, :], J, present[:window - 1]),
-                            window_ising.marginals(h_band[..., window - 1:, :], J)], dim=-2)
+    solve = opaque.window_marginals if torch.compiler.is_compiling() else window_ising.marginals  # ising/opaque.py
+    partial = min(L, max(0, window - 1 - offset))  # the first rows have slots before key 0: absent
+    if mask is None and partial < L and L + offset <= S:  # the other rows' windows are full: unmasked
+        full = solve(h_band[..., partial:, :], J, None)
+        m_band = full if partial == 0 else torch.cat([solve(h_band[..., :partial, :], J, present[:partial]), full],
+                                                     dim=-2)
     else:
-        m_band = window_ising.marginals(h_band, J, present)  # (B*, H*, L, W), 0 where absent
+        m_band = solve(h_band, J, present)  # (B*, H*, L, W), 0 where absent
     a_band = (m_band + present) * 0.5
 
     # before the window: independent spins, sigmoid(2h), on keys j <= i - W
     if mask is None:
-        not_before = _not_before_window(L, S, window, field.device)
+        not_before = _cached(_not_before_window, L, S, window, field.device, offset)
     else:
-        not_before = ~(mask & _before_window(L, S, window, field.device))
+        not_before = ~(mask & _cached(_before_window, L, S, window, field.device, offset))
     a_out = torch.sigmoid(2 * field).masked_fill(not_before, 0.0)
-    out = a_out @ value + _band_times_value(a_band, value)
+    out = a_out @ value + _band_times_value(a_band, value, offset=offset)
     if not return_weights:
         return out, None
-    # scatter the band into a left-padded (..., L, S + W - 1) tensor: column t of row i goes to i + t
+    # scatter the band into a (..., L, L + W - 1) tensor: column r + t of row r is key r + offset - W + 1 + t
     B, H = out.shape[:2]
     column = (torch.arange(L, device=field.device)[:, None] + torch.arange(window, device=field.device))
-    padded = a_band.new_zeros(B, H, L, max(S, L) + window - 1).scatter(-1, column.expand(B, H, L, window),
-                                                                         a_band.expand(B, H, L, window))
-    weights = a_out.expand(B, H, L, S) + padded[..., window - 1:window - 1 + S]
-    return out, weights
+    padded = a_band.new_zeros(B, H, L, L + window - 1).scatter(-1, column.expand(B, H, L, window),
+                                                                 a_band.expand(B, H, L, window))
+    weights = a_out.expand(B, H, L, S) + F.pad(padded, (offset - window + 1, S - L - offset))  # key j: column
+    return out, weights                                                                       # j - offset + W - 1
 
 
 @lru_cache(maxsize=16)
-def _before_window(L: int, S: int, window: int, device) -> Tensor:
-    """(L, S) bool, True for the keys j <= i - W of query i (before its window)."""
-    return torch.ones(L, S, dtype=torch.bool, device=device).tril(-window)
+def _before_window(L: int, S: int, window: int, device, offset: int = 0) -> Tensor:
+    """(L, S) bool, True for the keys j <= i - W of query row r at position i = r + offset (before its window)."""
+    return torch.ones(L, S, dtype=torch.bool, device=device).tril(offset - window)
 
 
 @lru_cache(maxsize=16)
-def _not_before_window(L: int, S: int, window: int, device) -> Tensor:
-    return ~_before_window(L, S, window, device)
+def _not_before_window(L: int, S: int, window: int, device, offset: int = 0) -> Tensor:
+    return ~_before_window.__wrapped__(L, S, window, device, offset)
+
+
+def _keys_from(x: Tensor, window: int, offset: int, rows: int) -> Tensor:
+    """x (..., S, E) re-indexed so that row t is key t + offset - W + 1 (zero rows outside 0..S-1), ``rows`` rows."""
+    front = window - 1 - offset
+    x = F.pad(x, (0, 0, front, 0)) if front >= 0 else x[..., -front:, :]
+    return F.pad(x, (0, 0, 0, max(0, rows - x.shape[-2])))[..., :rows, :]
 
 
 def band_times_value(a_band: Tensor, value: Tensor, block: int = 64) -> Tensor:
@@ -120,14 +155,14 @@ def band_times_value(a_band: Tensor, value: Tensor, block: int = 64) -> Tensor:
     return _band_times_value(a_band.flip(-1), value, block)
 
 
-def _band_times_value(a_band: Tensor, value: Tensor, block: int = 64) -> Tensor:
-    """band_times_value with the band in column order t = W - 1 - a."""
+def _band_times_value(a_band: Tensor, value: Tensor, block: int = 64, offset: int = 0) -> Tensor:
+    """band_times_value with the band in column order t = W - 1 - a, for query row r at position r + offset."""
     L, W = a_band.shape[-2:]
     P = min(block, L)
     blocks = -(-L // P)
     A = F.pad(a_band, (0, 0, 0, blocks * P - L)).unflatten(-2, (blocks, P))               # (..., n, P, W)
     D = F.pad(A, (0, P)).flatten(-2)[..., :P * (P + W - 1)].unflatten(-1, (P, P + W - 1))  # skew
-    v = F.pad(value, (0, 0, W - 1, max(0, blocks * P - value.shape[-2])))  # row r: key r - W + 1
+    v = _keys_from(value, W, offset, blocks * P + W - 1)  # row t: key t + offset - W + 1
     v = v.unfold(-2, P + W - 1, P)[..., :blocks, :, :].transpose(-1, -2)  # (..., n, P + W - 1, Ev)
     return (D @ v).flatten(-3, -2)[..., :L, :]
 
@@ -141,13 +176,13 @@ def band_scores(query: Tensor, key: Tensor, window: int, block: int = 64) -> Ten
     return _band_scores(query, key, window, block).flip(-1)
 
 
-def _band_scores(query: Tensor, key: Tensor, window: int, block: int = 64) -> Tensor:
-    """band_scores in column order t = W - 1 - a."""
+def _band_scores(query: Tensor, key: Tensor, window: int, block: int = 64, offset: int = 0) -> Tensor:
+    """band_scores in column order t = W - 1 - a, for query row r at position r + offset."""
     L, W = query.shape[-2], window
     P = min(block, L)
     blocks = -(-L // P)
     q = F.pad(query, (0, 0, 0, blocks * P - L)).unflatten(-2, (blocks, P))             # (..., n, P, E)
-    k = F.pad(key, (0, 0, W - 1, max(0, blocks * P - key.shape[-2])))                   # row r: key r - W + 1
+    k = _keys_from(key, W, offset, blocks * P + W - 1)                                   # row t: key t + offset - W + 1
     k = k.unfold(-2, P + W - 1, P)[..., :blocks, :, :]                                  # (..., n, E, P + W - 1)
     D = q @ k                                                                           # (..., n, P, P + W - 1)
     A = F.pad(D.flatten(-2), (0, P)).unflatten(-1, (P, P + W))[..., :W]                 # un-skew: A[r, t]

@@ -20,6 +20,7 @@ import numbers
 
 import torch
 from torch import Tensor
+from torch.nn.attention.bias import CausalBias
 
 from . import ising
 from .ising import window as window_ising
@@ -99,38 +100,52 @@ def check_options(mode: str, method, method_options: dict | None, *, causal: boo
     if unknown:
         raise ValueError(f"unknown method_options {sorted(unknown)} for coupling_window; it takes 'max_spins'")
     ising.validate_options(method, options)
+    coupling_window = check_int("coupling_window", coupling_window, 1)  # any integral type, as every size
     window_ising.check_window(None, coupling_window, options.get("max_spins", window_ising.MAX_SPINS))
 
 
 def check_call(query: Tensor, key: Tensor, value: Tensor, *, couplings, three_body, mode: str, method,
-               method_options, is_causal, attn_mask, scale, bias, return_weights, coupling_window) -> None:
+               method_options, is_causal, attn_mask, scale, bias, return_weights, coupling_window,
+               enable_gqa: bool = False) -> None:
     """The functional form's arguments: types and shapes of the tensors, and the options (``check_options``)."""
     _, uses_J, uses_K = mode_terms(mode)
-    _check_qkv(query, key, value)
+    for name, flag in (("is_causal", is_causal), ("return_weights", return_weights), ("enable_gqa", enable_gqa)):
+        _check_bool(name, flag)
+    _check_qkv(query, key, value, enable_gqa)
     L, S = query.shape[-2], key.shape[-2]
     shape = (*query.shape[:2], L, S)
-    for name, flag in (("is_causal", is_causal), ("return_weights", return_weights)):
-        _check_bool(name, flag)
     if scale is not None:
         check_real("scale", scale)
     if isinstance(bias, Tensor):
-        if bias.dtype != query.dtype:
-            raise ValueError(f"bias must be a float or a tensor of query's dtype {query.dtype}, got {bias.dtype}")
+        if not bias.is_floating_point():
+            raise ValueError(f"bias must be a float or a floating-point tensor (cast to the computation's dtype), "
+                             f"got {bias.dtype}")
         _check_broadcasts_to("bias", bias, shape)
     elif isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not math.isfinite(bias):
         raise ValueError(f"bias must be a finite float or a tensor broadcastable to (B, H, L, S), got {bias!r}")
-    if attn_mask is not None:
+    causal = is_causal
+    if isinstance(attn_mask, CausalBias):
+        if is_causal:
+            raise ValueError("pass either is_causal=True or a CausalBias attn_mask, not both (as SDPA)")
+        if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (L, S):
+            raise ValueError(f"the CausalBias attn_mask is for (L, S) = ({attn_mask.seq_len_q}, "
+                             f"{attn_mask.seq_len_kv}) but query and key give ({L}, {S})")
+        causal = True
+    elif attn_mask is not None:
         if not isinstance(attn_mask, Tensor):
-            raise ValueError(f"attn_mask must be a bool tensor, got {type(attn_mask).__name__}")
+            raise ValueError(f"attn_mask must be a bool or float tensor or a CausalBias, got "
+                             f"{type(attn_mask).__name__}")
         _check_broadcasts_to("attn_mask", attn_mask, shape)
-        if attn_mask.dtype != torch.bool:
-            raise ValueError("attn_mask must be a bool tensor (True means the key takes part); to shift the "
-                             "field, pass a float tensor as `bias` instead")
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            raise ValueError(f"attn_mask must be a bool tensor (True means the key takes part) or a float tensor "
+                             f"(added to the field, -inf: the key is absent), got {attn_mask.dtype}")
+    if coupling_window is not None:
+        coupling_window = check_int("coupling_window", coupling_window, 1)
     toeplitz = isinstance(couplings, ising.toeplitz.Toeplitz)
     if toeplitz:  # a layer with relative couplings and method 'meanfield' or 'tap' (no window: checked below)
-        check_options(mode, method, method_options, causal=is_causal)
+        check_options(mode, method, method_options, causal=causal)
     else:
-        check_options(mode, method, method_options, causal=is_causal,
+        check_options(mode, method, method_options, causal=causal,
                       coupling="full" if coupling_window is None else "window", coupling_window=coupling_window)
     for name, given, needed in (("couplings", couplings, uses_J), ("three_body", three_body, uses_K)):
         if needed and given is None:
@@ -140,21 +155,45 @@ def check_call(query: Tensor, key: Tensor, value: Tensor, *, couplings, three_bo
     if toeplitz:
         _check_toeplitz(couplings, three_body, method, coupling_window)
     elif coupling_window is not None:
-        window_ising.check_window(couplings, coupling_window, (method_options or {}).get(
-            "max_spins", window_ising.MAX_SPINS))
+        if not isinstance(couplings, Tensor) or not couplings.is_floating_point():
+            raise ValueError(f"couplings must be a tensor of query's dtype {query.dtype} (or another float dtype, "
+                             f"cast), got {type(couplings).__name__} {getattr(couplings, 'dtype', '')}")
+        window_ising.check_window(None if _skip_value_checks(couplings) else couplings, coupling_window,
+                                  (method_options or {}).get("max_spins", window_ising.MAX_SPINS))
+        if couplings.dim() == 3 and couplings.shape[0] not in (1, query.shape[1]):
+            raise ValueError(f"window couplings must have shape (H, {coupling_window}, {coupling_window}) with H = 1 "
+                             f"or {query.shape[1]} query heads, got {tuple(couplings.shape)}")
     else:
         _check_couplings("couplings", couplings, query, S, 2)
     _check_couplings("three_body", three_body, query, S, 3)
 
 
-def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None) -> None:
+def _skip_value_checks(x: Tensor) -> bool:
+    """True where a check of values cannot run: meta tensors (no data) and while torch.compile traces
+    (a data-dependent branch would break the graph)."""
+    return x.device.type == "meta" or torch.compiler.is_compiling()
+
+
+def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
+                 couplings: tuple[tuple[str, Tensor], ...] = ()) -> None:
     """NaN or inf, refused in every mode: in query and key for mode 'softmax', else in the field h they make
-    with the bias (also for mode 'h', the closed form). value is used as given (a NaN propagates, as in SDPA)."""
-    if mode == "softmax":
-        check_finite("query", query)
-        check_finite("key", key)
-    else:
-        check_finite("the field h = scale * query.key + bias", field)
+    with the bias (also for mode 'h', the closed form), and in the named ``couplings`` (the module's own, whose
+    symmetry and zero diagonal hold by construction). value is used as given (a NaN propagates, as in SDPA).
+    One reduction per tensor and one host sync in all (a finite sum proves every entry finite; only a sum that
+    is not finite takes the entry-wise checks, which name the tensor). Skipped on meta tensors and while
+    torch.compile traces."""
+    if _skip_value_checks(query):
+        return
+    named = [("query", query), ("key", key)] if mode == "softmax" else \
+        [("the field h = scale * query.key + bias", field)]
+    named += list(couplings)
+    total = named[0][1].detach().sum()
+    for _, x in named[1:]:
+        total = total + x.detach().sum().to(total.dtype)
+    if bool(torch.isfinite(total)):
+        return
+    for name, x in named:
+        check_finite(name, x)
 
 
 def check_layer_options(mode: str, method, method_options: dict | None, *, causal: bool, head_dim: int,
@@ -206,8 +245,9 @@ def check_layer_sizes(embed_dim, num_heads, max_len, coupling_init_std, field_bi
         check_real("field_bias_init", field_bias_init)
 
 
-def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
-    """Types and shapes (named) of query (B, H, L, E), key (B, H, S, E), value (B, H, S, Ev)."""
+def _check_qkv(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool = False) -> None:
+    """Types and shapes (named) of query (B, H, L, E), key (B, Hkv, S, E), value (B, Hkv, S, Ev); Hkv = H, or with
+    enable_gqa a divisor of H."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, Tensor) or not x.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got {type(x).__name__} "
@@ -218,10 +258,17 @@ def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise ValueError(f"query, key and value must have one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
     B, H = query.shape[:2]
+    heads = H
+    if enable_gqa and key.shape[1] != H:  # grouped-query attention: key and value share Hkv, a divisor of H
+        heads = key.shape[1]
+        if heads == 0 or H % heads:
+            raise ValueError(f"grouped-query attention needs H = {H} query heads to be a multiple of key's "
+                             f"Hkv = {heads} heads")
     for name, x in (("key", key), ("value", value)):
-        if x.shape[:2] != (B, H):
+        if x.shape[:2] != (B, heads):
             raise ValueError(f"{name} has batch and heads {tuple(x.shape[:2])} but query has {(B, H)}: (B, H) "
-                             "must be the same for query, key and value")
+                             "must be the same for query, key and value (with enable_gqa=True, key and value may "
+                             "have Hkv heads, H a multiple of Hkv)")
     if key.shape[-1] != query.shape[-1]:
         raise ValueError(f"key's last dimension E = {key.shape[-1]} must equal query's E = {query.shape[-1]}")
     if value.shape[-2] != key.shape[-2]:
@@ -243,9 +290,9 @@ def _check_couplings(name: str, x: Tensor | None, query: Tensor, S: int, order: 
         return
     H = query.shape[1]
     expected = "(H, " + ", ".join([str(S)] * order) + f") with H = 1 or {H} heads"
-    if not isinstance(x, Tensor) or x.dtype != query.dtype:
-        raise ValueError(f"{name} must be a tensor of query's dtype {query.dtype}, got {type(x).__name__} "
-                         f"{getattr(x, 'dtype', '')}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise ValueError(f"{name} must be a tensor of query's dtype {query.dtype} (or another float dtype, cast), "
+                         f"got {type(x).__name__} {getattr(x, 'dtype', '')}")
     if x.dim() != order + 1 or x.shape[1:] != (S,) * order or x.shape[0] not in (1, H):
         raise ValueError(f"{name} must have shape {expected}, got {tuple(x.shape)}")
 

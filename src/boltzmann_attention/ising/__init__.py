@@ -43,9 +43,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
-from . import annealing, banded, exact, mcmc, meanfield, reference, sqa, toeplitz, window
+from . import annealing, banded, exact, mcmc, meanfield, opaque, reference, sqa, toeplitz, window
 from ._inputs import check_inputs, empty_result, is_empty
 from .dimod_adapter import DimodSampler
 from .methods import REGISTRY, Method, resolve_method
@@ -85,11 +86,22 @@ def marginals(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *, ma
     h: (..., n) fields; J: (n, n) or broadcastable (..., n, n) couplings; K: (..., n, n, n) three-body
     couplings; mask: (..., n) bool, True where the spin exists. Differentiable in h, J and K.
     ``method``: a name from :data:`METHODS`, or a :class:`DimodSampler`. ``options`` go to the method
-    (see its module).
+    (see its module). Under ``torch.compile``, method 'exact' is one opaque operator that runs this eager code
+    at run time (:mod:`boltzmann_attention.ising.opaque`): the same numbers, no graph break.
     """
+    return _marginals(h, J, K, mask, method, options)
+
+
+def _marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, method, options: dict,
+               check_inputs_: bool = True) -> Tensor:
+    """:func:`marginals`; the attention module passes check_inputs_=False for couplings it built itself
+    (symmetric with a zero diagonal by construction) after checking their values and the field's finite."""
     record = resolve_method(method)
     record.validate(options)
-    check_inputs(h, J, K, mask)
+    if record.name == "exact" and torch.compiler.is_compiling():  # one opaque node: see ising/opaque.py
+        return opaque.exact_marginals(h, J, K, mask, options.get("max_spins", exact.MAX_SPINS))
+    if check_inputs_:
+        check_inputs(h, J, K, mask)
     if record.name == "exact" and is_empty(h, J, K, mask):
         return empty_result(h, J, K, mask, marginals=True)  # nothing to enumerate (exact.py assumes some)
     return record.marginals(h, J, K, mask, **options)

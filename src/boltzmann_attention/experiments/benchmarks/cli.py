@@ -1,7 +1,7 @@
 """The boltzmann-attention-bench command: every benchmark of the package, one subcommand each.
 
     boltzmann-attention-bench methods [--quick | --targets | --smoke] [--threads N] [--json PATH]
-    boltzmann-attention-bench steps [--sizes T ...] [--batch N] | steps --profile NAME [--match TEXT]
+    boltzmann-attention-bench steps [--sizes T ...] [--batch N] [--compiled] | steps --profile NAME [--match TEXT]
     boltzmann-attention-bench approximations [--only accuracy | scaling] [--plot PNG] [--json PATH]
     boltzmann-attention-bench window [--T N] [--B N] [--W N] [--threads N ...] [--repeats N]
     boltzmann-attention-bench banded [--baseline COMMIT] [--T N] [--heads N] [--d-model N]
@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warm-up steps per configuration (default: %(default)s)")
     p.add_argument("--rounds", type=positive_int,
                    help="interleaved rounds over all candidates (default: 7, with --profile 3)")
+    p.add_argument("--compiled", action="store_true",
+                   help="without --profile: each mode (softmax, h, h+J, a coupled window of 4) eager against "
+                        "torch.compile(fullgraph=True), interleaved (default: off)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the times to this JSON file (default: none)")
 
@@ -170,6 +173,8 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             parser.error(f"--profile {args.profile!r}: choose one of {', '.join(profiles())}")
     if args.command == "steps" and args.profile is None and args.match is not None:
         parser.error("--match applies with --profile only")
+    if args.command == "steps" and args.profile is not None and args.compiled:
+        parser.error("--compiled applies without --profile only")
 
 
 def _write_json(path: str | None, data: dict, indent: int | None = 1) -> None:
@@ -206,6 +211,15 @@ def run_methods(args) -> None:
 def run_steps(args) -> None:
     stamp = machine_stamp(args.threads)
     args.rounds = args.rounds or (7 if args.profile is None else 3)
+    if args.profile is None and args.compiled:
+        rows = training.compiled_step_rows(sizes=args.sizes, batch=args.batch, rounds=args.rounds,
+                                           threads=args.threads, warmup=args.warmup)
+        print(stamp_line(stamp))
+        print(f"Training step of the paper's model (batch {args.batch}), eager against torch.compile(fullgraph=True), "
+              f"median of {args.rounds} interleaved rounds after the warm-up, wall ms:\n")
+        print(training.compiled_step_table(rows))
+        _write_json(args.json, {"machine": stamp, "compiled_steps": rows})
+        return
     if args.profile is None:
         rows = training.training_step_rows(sizes=args.sizes, batch=args.batch, rounds=args.rounds,
                                            threads=args.threads, warmup=args.warmup)

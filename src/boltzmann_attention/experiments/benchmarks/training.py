@@ -66,6 +66,60 @@ def training_step_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+COMPILED_MODES = {"softmax": {"mode": "softmax"}, "h": {"mode": "h"}, "h+J": {"mode": "h+J"},
+                  "window": {"mode": "h+J", "coupling": "window", "coupling_window": 4}}
+
+
+def compiled_step_rows(sizes=(8, 16), modes=tuple(COMPILED_MODES), batch: int = 64, rounds: int = 7,
+                       vocab: int = 65, threads: int = 1, warmup: int = 2) -> list[dict]:
+    """The training step of the paper's model eager and under ``torch.compile(model, fullgraph=True)``, per mode
+    and window T: the same step as :func:`training_step_rows` (the optimiser and clipping stay eager), both
+    variants of every mode interleaved step by step. 'window' is the coupled window of min(4, T) keys. Method
+    'exact' and the window's marginals are opaque operators to the compiler, solved twice per compiled step
+    (the backward recomputes them; see ising/opaque.py). Returns one {T, mode, eager, compiled, compile_s} per
+    mode and T: median seconds per step, and the wall time of the first compiled step (compilation included)."""
+    torch.set_num_threads(threads)
+    rows = []
+    for T in sizes:
+        for mode in modes:
+            layer = dict(COMPILED_MODES[mode])
+            if "coupling_window" in layer:
+                layer["coupling_window"] = min(layer["coupling_window"], T)
+            steps, compile_s = {}, None
+            for variant in ("eager", "compiled"):
+                torch.manual_seed(0)
+                model = Model(ModelConfig(vocab_size=vocab, max_len=T, **layer))
+                optimizer = build_optimizer(model, TrainConfig(T=T, mode=layer["mode"]))
+                forward = torch.compile(model, fullgraph=True) if variant == "compiled" else model
+                x, y = torch.randint(0, vocab, (batch, T)), torch.randint(0, vocab, (batch, T))
+
+                def step(model=model, forward=forward, optimizer=optimizer, x=x, y=y):
+                    loss = loss_fn(forward(x), y)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    optimizer.step()
+                if variant == "compiled":
+                    start = time.perf_counter()
+                    step()
+                    compile_s = time.perf_counter() - start
+                steps[variant] = step
+            times = medians(interleaved(steps, rounds=rounds, warmup=warmup))
+            rows.append({"T": T, "mode": mode, **times, "compile_s": compile_s})
+    return rows
+
+
+def compiled_step_table(rows: list[dict]) -> str:
+    """:func:`compiled_step_rows` as a Markdown table: eager and compiled ms, their ratio, the first compiled
+    step's wall time."""
+    lines = ["| T | mode | eager ms | compiled ms | compiled / eager | first compiled step s |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['T']} | {r['mode']} | {1e3 * r['eager']:.2f} | {1e3 * r['compiled']:.2f} | "
+                     f"{r['compiled'] / r['eager']:.2f}x | {r['compile_s']:.1f} |")
+    return "\n".join(lines)
+
+
 def time_steps(configs: dict[str, TrainConfig], steps: int = 10, rounds: int = 3, warmup: int = 2,
                threads: int = 1) -> dict[str, list[float]]:
     """Seconds per training step of each config, side by side in this process: each is built (as a run
