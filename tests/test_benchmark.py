@@ -263,7 +263,7 @@ def test_an_output_path_that_cannot_be_written_is_an_error_up_front(argv, tmp_pa
         cli.main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert ("cannot write" in err and str(tmp_path / "plain") in err) or f"{tmp_path} is a folder" in err, err
+    assert ("cannot write" in err and str(tmp_path / "plain") in err) or f"{str(tmp_path)!r} is a folder" in err, err
 
 
 def test_plot_without_matplotlib_fails_before_any_work(monkeypatch, capsys, tmp_path):

@@ -88,8 +88,9 @@ def compiled_step_rows(sizes=(8, 16), modes=tuple(COMPILED_MODES), batch: int = 
             steps, compile_s = {}, None
             for variant in ("eager", "compiled"):
                 torch.manual_seed(0)
-                model = Model(ModelConfig(vocab_size=vocab, max_len=T, **layer))
-                optimizer = build_optimizer(model, TrainConfig(T=T, mode=layer["mode"]))
+                cfg = TrainConfig.build(T=T, **layer)
+                model = Model(model_config(cfg, vocab))
+                optimizer = build_optimizer(model, cfg)
                 forward = torch.compile(model, fullgraph=True) if variant == "compiled" else model
                 x, y = torch.randint(0, vocab, (batch, T)), torch.randint(0, vocab, (batch, T))
 
