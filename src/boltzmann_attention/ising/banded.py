@@ -52,7 +52,7 @@ of <s_l s_p> along the field direction g: dL/dh_j = sum_i g_i Cov(s_i, s_j), dL/
 Cov(s_i, s_l s_p) / 2. It is computed by running the same forward-backward with tangent messages (dual
 numbers) next to the messages. The J gradient covers the band 1 <= |l - p| <= w only: other entries are
 structurally zero (so pass ``bandwidth`` when J is trained from a value, such as zero, that does not
-fill the band; with w = 0 J gets no gradient). Double backward is not supported.
+fill the band; with w = 0 J gets no gradient). Second derivatives raise (``_autograd``).
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ from functools import lru_cache, partial
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ._autograd import first_order_backward
 from ._inputs import check_int, empty_result, group_queries, is_empty
 from .numerics import no_denormals as _no_denormals
 
@@ -161,7 +161,7 @@ class _Banded(torch.autograd.Function):
         return (out.marginals if want_marginals else out.log_z).to(h.dtype)
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("method 'banded'")
     def backward(ctx, grad):
         h, J, mask = ctx.saved_tensors
         pairs = ctx.needs_input_grad[1]

@@ -67,8 +67,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ._autograd import first_order_backward
 from ._inputs import check_inputs, check_int, check_real, group_queries
 
 __all__ = ["marginals", "log_partition", "solve", "SolveInfo", "ConvergenceWarning", "ConvergenceError"]
@@ -294,7 +294,7 @@ class _ImplicitFixedPoint(torch.autograd.Function):
         return m_star.clone()
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("method 'meanfield'/'tap' (implicit gradient)")
     def backward(ctx, grad):
         m_star, h, J, K, mask = ctx.saved_tensors
         s = ctx.settings

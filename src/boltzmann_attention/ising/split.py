@@ -46,9 +46,9 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from . import numerics
+from ._autograd import first_order_backward
 from .reference import configurations
 
 ENUMERATED_SPINS = 8  # pairwise systems up to this size (and within one block and chunk) skip the split
@@ -261,7 +261,7 @@ class _Contract(torch.autograd.Function):
         return m, logz, ok
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("the split enumeration (method 'exact' with K, the coupled window)")
     def backward(ctx, grad_m, grad_logz, _):
         with numerics.no_denormals(grad_m.device):
             grad_u, grad_v, grad_left, grad_right = _contract_backward(
@@ -376,7 +376,7 @@ class Pairwise(torch.autograd.Function):
             return Pairwise._forward(ctx, h, J, plan)
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("method 'exact' (split enumeration)")
     def backward(ctx, grad_m, grad_logz, _):
         with numerics.no_denormals(grad_m.device):
             return Pairwise._backward(ctx, grad_m, grad_logz)
