@@ -73,3 +73,107 @@ def test_attention_gradient_penalty_raises_for_couplings_and_works_in_mode_h(win
         _penalty_gradient(fn, q)
     naive = lambda x: boltzmann_attention(x, k, v, mode="h", is_causal=True)  # noqa: E731
     assert _penalty_gradient(naive, q).abs().max() > 0
+
+
+# ---- energies too large for the dtype: never a wrong number (against a 700-digit brute force) ----
+
+def _brute_force(h, J, present=None):
+    """<s_j> by enumeration in 700-digit arithmetic from the exact values of the float inputs (one system)."""
+    mpmath = pytest.importorskip("mpmath")
+    ctx = mpmath.mp.clone()
+    ctx.dps = 700
+    n = len(h)
+    spins = [j for j in range(n) if present is None or present[j]]
+    h = [ctx.mpf(float(x)) for x in h]
+    J = [[ctx.mpf(float(x)) for x in row] for row in J]
+    weights, states = [], []
+    for index in range(2 ** len(spins)):
+        s = {j: 1 if index >> b & 1 else -1 for b, j in enumerate(spins)}
+        energy = ctx.fsum(h[j] * s[j] for j in spins)
+        energy += ctx.fsum(J[j][k] * s[j] * s[k] for j in spins for k in spins if j < k)
+        weights.append(energy)
+        states.append(s)
+    top = max(weights)
+    weights = [ctx.exp(w - top) for w in weights]
+    z = ctx.fsum(weights)
+    return torch.tensor([float(ctx.fsum(w * s[j] for w, s in zip(weights, states)) / z) if j in spins else 0.0
+                         for j in range(n)], dtype=torch.float64)
+
+
+def _ferromagnet(n, coupling, dtype):
+    J = torch.full((n, n), coupling, dtype=dtype)
+    return J.fill_diagonal_(0)
+
+
+@pytest.mark.parametrize("dtype, coupling", [(torch.float32, 1e5), (torch.float32, 3e30), (torch.float64, 1e12),
+                                             (torch.float64, 1e17), (torch.float64, 1e300)])
+def test_window_rows_with_absent_slots_do_not_lose_their_fields_to_huge_couplings(dtype, coupling):
+    """Row 0 of a window (one present slot) is sigmoid attention whatever J; so is every partial window's law
+    that of its present slots only (absent slots' couplings never enter)."""
+    from boltzmann_attention.ising import window
+
+    W = 4
+    J = _ferromagnet(W, coupling, dtype)
+    J[0, 3] = J[3, 0] = -coupling  # some frustration
+    h = torch.tensor([0.3, -0.1, 0.2, 0.4], dtype=dtype)
+    one = torch.tensor([True, False, False, False])
+    m = window.marginals(h[None], J[None], one[None])[0]
+    torch.testing.assert_close(m.double(), _brute_force(h, J, one), atol=1e-6 if dtype == torch.float32 else 1e-12,
+                               rtol=0)
+    assert abs(float(m[0]) - torch.tanh(h[0].double()).item()) < (1e-6 if dtype == torch.float32 else 1e-12)
+
+
+def test_coupled_window_attention_partial_windows_ignore_couplings_of_absent_slots():
+    """Two queries, window 3, J couples only slots 0 and 2 (at 1e300): slot 2 is absent in both rows, so the
+    weights are sigmoid attention's (before: 0.44 off)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 1, 1, 2, 4, dtype=torch.float64, generator=g).unbind(0)
+    J = torch.zeros(1, 3, 3, dtype=torch.float64)
+    J[0, 0, 2] = J[0, 2, 0] = 1e300
+    _, weights = boltzmann_attention(q, k, v, couplings=J, coupling_window=3, is_causal=True, return_weights=True)
+    field = (q @ k.transpose(-1, -2)) / 2.0  # scale 1 / sqrt(E)
+    expected = torch.sigmoid(2 * field).tril()
+    torch.testing.assert_close(weights, expected, atol=1e-12, rtol=0)
+
+
+def test_exact_refuses_couplings_whose_rounding_swamps_the_fields():
+    """|J| ~ 1e17 with O(1) fields: ulp(1e17) = 16 swamps the fields, which decide the marginals (about 0.46
+    here); float64 enumeration gave 0. Refused, naming the limit, on every path that reaches it."""
+    from boltzmann_attention.ising import window
+
+    h = torch.tensor([0.5, -0.3, 0.2, 0.1], dtype=torch.float64)
+    J = _ferromagnet(4, 1e17, torch.float64)
+    truth = _brute_force(h, J)
+    assert truth.abs().min() > 0.4  # what the right answer is
+    for call in (lambda: ising.marginals(h, J),
+                 lambda: ising.marginals(h.float(), J.float()),
+                 lambda: ising.marginals(h[None].expand(3, 4), J, mask=torch.ones(3, 4, dtype=torch.bool).tril()),
+                 lambda: ising.marginals(h, J, mask=torch.tensor([True, True, True, False])),
+                 lambda: window.marginals(h[None, None], J[None])):
+        with pytest.raises(ValueError, match="cannot be resolved in float64.*Rescale"):
+            call()
+
+
+@pytest.mark.parametrize("coupling", [1e8, 1e10])
+def test_exact_in_the_resolvable_range_matches_the_brute_force(coupling):
+    """Past the scale where rounding could matter, the states that carry the distribution are checked and the
+    result is kept when the rounding moves no marginal by more than the tolerance."""
+    h = torch.tensor([0.5, -0.3, 0.2, 0.1, 0.05], dtype=torch.float64)
+    J = _ferromagnet(5, coupling, torch.float64)
+    J[1, 4] = J[4, 1] = -coupling / 2
+    if coupling > 1e9:  # rounding of 1e10-scale energies (ulp 2e-6) moves the marginals by more than 1e-6
+        with pytest.raises(ValueError, match="cannot be resolved"):
+            ising.marginals(h, J)
+        return
+    torch.testing.assert_close(ising.marginals(h, J), _brute_force(h, J), atol=1e-6, rtol=0)
+
+
+def test_huge_but_exactly_representable_energies_are_not_refused():
+    h = torch.tensor([1.5e15, -1e15, 0.5, 0.5], dtype=torch.float64)
+    J = torch.zeros(4, 4, dtype=torch.float64)
+    J[0, 1] = J[1, 0] = 2e15
+    torch.testing.assert_close(ising.marginals(h, J), _brute_force(h, J), atol=1e-12, rtol=0)
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(6, dtype=torch.float64, generator=g) * 1e30
+    J = symmetric_couplings(6, generator=g, scale=1e30)
+    torch.testing.assert_close(ising.marginals(h, J), _brute_force(h, J), atol=1e-12, rtol=0)
