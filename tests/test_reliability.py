@@ -177,3 +177,16 @@ def test_huge_but_exactly_representable_energies_are_not_refused():
     h = torch.randn(6, dtype=torch.float64, generator=g) * 1e30
     J = symmetric_couplings(6, generator=g, scale=1e30)
     torch.testing.assert_close(ising.marginals(h, J), _brute_force(h, J), atol=1e-12, rtol=0)
+
+
+def test_float32_full_windows_with_large_couplings_are_solved_in_float64_like_exact():
+    """Full windows took no float32 scale check (exact does): integer couplings of ~3e4 were 5e-3 off."""
+    from boltzmann_attention.ising import reference, window
+
+    g = torch.Generator().manual_seed(0)
+    W = 6
+    J = symmetric_couplings(W, scale=3e4, generator=g).round()
+    h = torch.randn(50, W, generator=g, dtype=torch.float64) * 2
+    m = window.marginals(h.float()[None], J.float()[None])[0]
+    truth = reference.marginals(h.float().double(), J.float().double())
+    torch.testing.assert_close(m.double(), truth, atol=1e-6, rtol=0)
