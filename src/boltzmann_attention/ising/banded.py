@@ -35,7 +35,12 @@ Numerics. Two recursions, chosen per group of queries sharing J:
   the dtype's eps, i.e. R <= log(1 / tiny) - log(1 / eps) - log n - 2 w log 2 (about 53 in float32 at
   n = 1024, w = 8; 650 in float64). float32 inputs past float32's bound and within float64's run this
   path in float64 (about 2x faster than the log domain, measured; learned couplings of |J| ~ 0.3 at
-  w = 8 reached float32's bound in training), and the log-domain path is used otherwise. Large fields are safe.
+  w = 8 reached float32's bound in training), and the log-domain path is used otherwise. Large fields are safe
+  from underflow, not from rounding: a block's log-weights are sums of its fields and couplings, rounded
+  relative to their size, so lower-precision inputs whose local scale (k max |h| + R) exceeds
+  ``numerics.FLOAT32_SCALE_LIMIT`` (float32 rounding of 1e-3) run either recursion in float64, as method
+  exact does. float64 itself does not resolve O(1) fields next to fields or couplings near 1e15 and beyond,
+  and this method does not detect it (method exact raises there).
   Subnormal numbers (arithmetic on them is ~40x slower on CPUs) are flushed to zero on the calling
   thread and exp arguments are floored at log(tiny) + 1: both only touch entries below e * tiny
   relative to the largest, inside the same bound. So float32 runs in float32 (before: in float64
@@ -67,6 +72,7 @@ from torch import Tensor
 
 from ._autograd import first_order_backward
 from ._inputs import check_int, empty_result, group_queries, is_empty
+from .numerics import FLOAT32_SCALE_LIMIT
 from .numerics import no_denormals as _no_denormals
 
 __all__ = ["marginals", "log_partition"]
@@ -272,7 +278,10 @@ def _lanes(gi: int, fields: Tensor, band: Tensor, present: Tensor | None, direct
     scaled = None if holes else next((d for d in (fields.dtype, torch.float64)
                                       if coupling_range <= _linear_limit(w, n, d)), None)
     linear = scaled is not None
-    if linear and scaled != fields.dtype:
+    local_scale = _block_size(w) * float(fields.abs().amax()) + coupling_range if fields.numel() else 0.0
+    if fields.dtype != torch.float64 and local_scale > FLOAT32_SCALE_LIMIT:
+        scaled = torch.float64  # rounding of large local log-weights in lower precision: run in float64
+    if scaled is not None and scaled != fields.dtype:
         fields, band = fields.to(scaled), band.to(scaled)
         direction = direction.to(scaled) if direction is not None else None
         weights = weights.to(scaled) if weights is not None else None
