@@ -151,3 +151,12 @@ def test_every_couplings_value_against_its_definition():
     for h, j, k, m in itertools.product(range(2), range(4), range(4), range(4)):
         want = 0.0 if len({j, k, m}) < 3 else three.weight[(h, *sorted((j, k, m)))]
         assert K[h, j, k, m] == want
+
+
+@pytest.mark.parametrize("module", [FullCouplings(2, 4), RelativeCouplings(2, 3), ThreeBodyCouplings(2, 4)],
+                         ids=["full", "relative", "three-body"])
+@pytest.mark.parametrize("length", [-1, -3, 2.5, True, None])
+def test_a_length_that_is_not_a_count_is_refused(module, length):
+    """FullCouplings(-1) silently returned the couplings of max_len - 1 keys; others raised cryptic errors."""
+    with pytest.raises(ValueError, match="length must be an integer >= 0"):
+        module(length)

@@ -18,6 +18,7 @@ convention.
 from __future__ import annotations
 
 import itertools
+import numbers
 from functools import lru_cache
 
 import torch
@@ -41,6 +42,7 @@ class FullCouplings(nn.Module):
         self.weight._no_weight_decay = True
 
     def forward(self, length: int) -> Tensor:
+        _check_length(length)
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len {self.max_len} of the couplings; "
                              "use coupling='relative' for any length")
@@ -66,6 +68,7 @@ class RelativeCouplings(nn.Module):
         self.weight._no_weight_decay = True
 
     def forward(self, length: int) -> Tensor:
+        _check_length(length)
         zero = self.weight.new_zeros(self.weight.shape[0], 1)
         table = torch.cat([zero, self.weight, zero], dim=1)  # index: distance, clamped past the range
         position = torch.arange(length, device=self.weight.device)
@@ -86,6 +89,7 @@ class ThreeBodyCouplings(nn.Module):
         self.weight._no_weight_decay = True
 
     def forward(self, length: int) -> Tensor:
+        _check_length(length)
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len {self.max_len} of the couplings")
         i = torch.arange(length, device=self.weight.device)
@@ -121,6 +125,12 @@ class WindowCouplings(nn.Module):
             return table[:, _slot_distance(self.window, self.weight.device)]
         upper = self.weight * _upper_triangle(self.window, self.weight.dtype, self.weight.device)
         return upper + upper.transpose(-1, -2)
+
+
+def _check_length(length) -> None:
+    """ValueError unless ``length`` is a count of keys (an int >= 0; torch.compile's symbolic ints included)."""
+    if isinstance(length, bool) or not isinstance(length, (numbers.Integral, torch.SymInt)) or length < 0:
+        raise ValueError(f"length must be an integer >= 0 (the number of keys), got {length!r}")
 
 
 # Constant index tables of the window, derived from (W, dtype, device) and cached outside the module, so that
