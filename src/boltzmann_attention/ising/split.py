@@ -456,7 +456,7 @@ def float64_fallback(m, logz, ok, h, J, K, mask=None):
         for chunk in rows[:, 1].split(max(1, numerics.CHUNK_ELEMENTS // (SA.shape[0] * SB.shape[0]))):
             x = h[g, chunk].double() * present
             chunk_m, chunk_logz = numerics.float64_marginals(x[:, :a] @ SA.T, table, x[:, a:] @ SB.T, SA, SB)
-            check_resolution(x, J_g, K_g, table, SA, SB, present)
+            check_resolution(chunk_m, x, J_g, K_g, table, SA, SB, present)
             new_m.append(chunk_m * present)
             new_logz.append(chunk_logz - (n - present.sum()) * math.log(2.0))
             index.append(g * Q + chunk)
@@ -466,10 +466,10 @@ def float64_fallback(m, logz, ok, h, J, K, mask=None):
     return m, logz
 
 
-# The energy-range check: float64 log-weights are rounded by about (2n + 4) eps |E| (the GEMMs that build them
-# from h, J and K). Where that can move a marginal by more than RESOLUTION_TOLERANCE, the states that carry
-# the distribution are re-evaluated exactly (math.fsum of their energy differences) and, if the rounded
-# marginals differ from the exact ones by more than the tolerance, a ValueError names the limit.
+# The energy-range check: float64 log-weights are rounded by at most about (2n + 4) eps |E| (the GEMMs that
+# build them from h, J and K). Where that can move a marginal by more than RESOLUTION_TOLERANCE, the states
+# that carry the distribution are re-evaluated exactly (math.fsum of their energy differences) and, if the
+# computed marginals differ from the exact ones by more than the tolerance, a ValueError names the limit.
 RESOLUTION_TOLERANCE = 1e-6  # largest error in a marginal accepted from the rounding of the energies
 RESOLUTION_STATES = 4096     # most states per query re-evaluated exactly; beyond, the query is refused
 _NEGLIGIBLE_GAP = 60.0       # states this far below the largest log-weight carry < 2^24 e^-60 < 1e-18 in all
@@ -485,10 +485,11 @@ def resolved_scale(n: int) -> float:
     return RESOLUTION_TOLERANCE / (8 * _rounding(max(n, 1)))
 
 
-def check_resolution(x: Tensor, J: Tensor | None, K: Tensor | None, table, SA: Tensor, SB: Tensor,
+def check_resolution(m: Tensor, x: Tensor, J: Tensor | None, K: Tensor | None, table, SA: Tensor, SB: Tensor,
                      present: Tensor | None = None) -> None:
-    """Raise ValueError for rows of x (R, n) (float64, absent spins zeroed, J (1, n, n) and K likewise) whose
-    marginals the float64 energies cannot resolve to RESOLUTION_TOLERANCE. ``table``: the coupling
+    """Raise ValueError for rows of the float64 marginals m (R, n) of x (R, n) (float64, absent spins zeroed,
+    J (1, n, n) and K likewise) that are off the exact ones by more than RESOLUTION_TOLERANCE: the rows whose
+    rounding bound exceeds it are checked against the exact law of their near states. ``table``: the coupling
     table's logarithm (1, 2^a, 2^b) or 0.0, as passed to ``numerics.float64_marginals``; present (n,): the
     spins whose marginals count (absent spins are free, their marginals are set to 0 by the caller)."""
     n = x.shape[-1]
@@ -501,9 +502,11 @@ def check_resolution(x: Tensor, J: Tensor | None, K: Tensor | None, table, SA: T
     rows = (delta > RESOLUTION_TOLERANCE / 8).nonzero().squeeze(-1).tolist()
     if not rows:
         return
-    a = SA.shape[1]
-    S = torch.cat([SA[:, None, :].expand(-1, SB.shape[0], -1), SB[None, :, :].expand(SA.shape[0], -1, -1)],
-                  dim=-1).reshape(-1, n)  # state index x * 2^b + y, as in the flattened log-weights
+    a, cols = SA.shape[1], SB.shape[0]
+
+    def spins(index: Tensor) -> Tensor:  # state index x * 2^b + y, as in the flattened log-weights
+        return torch.cat([SA[index // cols], SB[index % cols]], dim=-1)
+
     x, table = x.detach(), table.detach() if isinstance(table, Tensor) else table
     pairs = torch.triu_indices(n, n, 1, device=x.device)
     triples = torch.combinations(torch.arange(n, device=x.device), 3) if K is not None and n >= 3 else None
@@ -513,19 +516,18 @@ def check_resolution(x: Tensor, J: Tensor | None, K: Tensor | None, table, SA: T
         near = (t >= t[top] - 2 * float(delta[r]) - _NEGLIGIBLE_GAP).nonzero().squeeze(-1)
         if len(near) > RESOLUTION_STATES:
             _unresolved(n, float(scale[r]), f"{len(near)} states lie within the rounding of the largest weight")
-        states = S[near]
+        states, best = spins(near), spins(torch.tensor([top], device=x.device))[0]
         # every energy term of each near state minus the same term of the top state: exact in float64
-        terms = [x[r] * (states - S[top])]
+        terms = [x[r] * (states - best)]
         if J is not None:
-            pair = states[:, pairs[0]] * states[:, pairs[1]] - S[top, pairs[0]] * S[top, pairs[1]]
+            pair = states[:, pairs[0]] * states[:, pairs[1]] - best[pairs[0]] * best[pairs[1]]
             terms.append(J[0, pairs[0], pairs[1]] * pair)
         if triples is not None:
-            prod = states[:, triples].prod(-1) - S[top, triples].prod(-1)
+            prod = states[:, triples].prod(-1) - best[triples].prod(-1)
             terms.append(K[0, triples[:, 0], triples[:, 1], triples[:, 2]] * prod)
         exact_gap = torch.tensor([math.fsum(row) for row in torch.cat(terms, dim=-1).tolist()], dtype=torch.float64)
-        rounded = torch.softmax(t[near] - t[top], 0).cpu() @ states.cpu()
         true = torch.softmax(exact_gap, 0) @ states.cpu()
-        error = (rounded - true).abs()
+        error = (m[r].detach().cpu() - true).abs()
         error = float((error if present is None else error * present.cpu()).max())
         if error > RESOLUTION_TOLERANCE:
             _unresolved(n, float(scale[r]), f"the rounded energies move a marginal by {error:.2g}")
@@ -536,5 +538,6 @@ def _unresolved(n: int, scale: float, why: str):
         f"the energies of this system cannot be resolved in float64: their scale (sum |h| + sum |J| + sum |K| = "
         f"{scale:.3g}) times float64's rounding ({_rounding(n):.2g} for n = {n}) swamps the energy differences "
         f"that decide the marginals ({why}; tolerance {RESOLUTION_TOLERANCE:g}). Rescale the fields and "
-        f"couplings (e.g. smaller couplings next to O(1) fields), or pass float64 inputs if these are not; the "
-        f"method 'reference' rounds the same energies and cannot resolve them either.")
+        f"couplings so that the differences that matter are not below about 1e-9 of the largest energies (e.g. "
+        f"no couplings of 1e17 next to O(1) fields); method 'reference' rounds the same energies and cannot "
+        f"resolve them either.")
