@@ -47,7 +47,7 @@ three estimators (``gradient=``), with g = dL/dm the incoming gradient:
 
 Shapes: h (..., n), J broadcastable to (..., n, n) or None, mask (..., n) or None; queries sharing a J
 are grouped (``group_queries``) so a J shared by all queries is passed to the draw as (1, n, n).
-Gradients in J are summed over the queries sharing it. Second derivatives are not supported.
+Gradients in J are summed over the queries sharing it. Second derivatives raise (``_autograd``).
 """
 
 from __future__ import annotations

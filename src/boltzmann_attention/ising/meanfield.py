@@ -54,7 +54,7 @@ the fixed point (dPhi/dm_j = field_j - atanh(m_j) = 0 is exactly the fixed-point
 dPhi(m*(theta), theta)/dtheta = dPhi/dtheta at fixed m: autograd differentiates Phi with m detached
 (d/dh = m, d/dJ_jk = m_j m_k / 2 plus the Onsager part). Both are exact at an exact fixed point and off
 by O(tol) otherwise. Gradients in J and K are those of the symmetric forms (dJ_jk = dJ_kj), as for the
-exact methods. Second derivatives are not supported.
+exact methods. Second derivatives raise (create_graph=True through the backward; see ``_autograd``).
 
 Absent spins (mask False) have m_j = 0, contribute to nobody's field or Onsager term, and add nothing
 (not log 2) to log Z, so a masked system equals the smaller system with those spins deleted.
