@@ -160,3 +160,16 @@ def test_a_length_that_is_not_a_count_is_refused(module, length):
     """FullCouplings(-1) silently returned the couplings of max_len - 1 keys; others raised cryptic errors."""
     with pytest.raises(ValueError, match="length must be an integer >= 0"):
         module(length)
+
+
+def test_a_no_weight_decay_method_of_another_library_does_not_exempt_its_module():
+    class TimmStyle(nn.Module):  # timm's convention: a method returning the names to exempt
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def no_weight_decay(self):
+            return set()
+
+    decay, _ = (g["params"] for g in parameter_groups(TimmStyle(), 0.1))
+    assert len(decay) == 1 and decay[0].dim() == 2

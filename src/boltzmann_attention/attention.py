@@ -314,7 +314,9 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     check_real("weight_decay", weight_decay, minimum=0.0)
     decay, no_decay, seen = [], [], set()
     for module in model.modules():
-        exempt_module = bool(getattr(type(module), "no_weight_decay", False)) or isinstance(module, SlotBias)
+        # `is True`: other libraries define a method of this name (timm: the names to exempt), which must not
+        # exempt the whole module
+        exempt_module = getattr(type(module), "no_weight_decay", False) is True or isinstance(module, SlotBias)
         for name, p in module.named_parameters(recurse=False):
             if id(p) in seen or not p.requires_grad:
                 continue
