@@ -190,3 +190,41 @@ def test_float32_full_windows_with_large_couplings_are_solved_in_float64_like_ex
     m = window.marginals(h.float()[None], J.float()[None])[0]
     truth = reference.marginals(h.float().double(), J.float().double())
     torch.testing.assert_close(m.double(), truth, atol=1e-6, rtol=0)
+
+
+def _chain(n, coupling, dtype=torch.float64):
+    J = torch.zeros(n, n, dtype=dtype)
+    for i in range(n - 1):
+        J[i, i + 1] = J[i + 1, i] = coupling
+    return J
+
+
+@pytest.mark.parametrize("case", ["chain of 1e17", "chain of 1e12", "ferromagnet of 1e17"])
+def test_banded_refuses_energies_it_cannot_resolve(case):
+    """Before: a chain of 1e17 gave [-0.46, 0, 0, ...] (true: -0.29 everywhere), 1e12 7e-5 off and the
+    ferromagnet 0 (true 0.46)."""
+    h = torch.tensor([-0.5, -0.3, -0.1, 0.1, 0.2, 0.4], dtype=torch.float64)
+    J = _ferromagnet(6, 1e17, torch.float64) if case.startswith("ferromagnet") else \
+        _chain(6, 1e17 if "17" in case else 1e12)
+    assert _brute_force(h, J).abs().min() > 0.19  # what the right answer is: tanh(-0.2) everywhere
+    with pytest.raises(ValueError, match="banded.*cannot be resolved in float64.*Rescale"):
+        ising.marginals(h, J, method="banded")
+
+
+@pytest.mark.parametrize("case", ["fields fighting couplings", "all fields huge", "large but resolvable"])
+def test_banded_keeps_huge_but_resolved_energies(case):
+    """Frozen spins (fields or pairs that win in any context) round nothing that matters; moderate scales
+    stay within the tolerance: these are solved, and match the 700-digit brute force."""
+    if case == "fields fighting couplings":
+        h = torch.tensor([1.5e15, -1e15, 0.5, 0.5, -0.2], dtype=torch.float64)
+        J = torch.zeros(5, 5, dtype=torch.float64)
+        J[0, 1] = J[1, 0] = 2e15
+        J[3, 4] = J[4, 3] = 0.7
+    elif case == "all fields huge":
+        h = torch.tensor([1e30, -1e30, 2e29, -5e29, 3e28], dtype=torch.float64)
+        J = _chain(5, 0.8)
+    else:
+        h = torch.tensor([-0.5, -0.3, -0.1, 0.1, 0.2], dtype=torch.float64)
+        J = _chain(5, 1e5)
+    m = ising.marginals(h, J, method="banded", bandwidth=2)
+    torch.testing.assert_close(m, _brute_force(h, J), atol=1e-6, rtol=0)

@@ -39,8 +39,8 @@ Numerics. Two recursions, chosen per group of queries sharing J:
   from underflow, not from rounding: a block's log-weights are sums of its fields and couplings, rounded
   relative to their size, so lower-precision inputs whose local scale (k max |h| + R) exceeds
   ``numerics.FLOAT32_SCALE_LIMIT`` (float32 rounding of 1e-3) run either recursion in float64, as method
-  exact does. float64 itself does not resolve O(1) fields next to fields or couplings near 1e15 and beyond,
-  and this method does not detect it (method exact raises there).
+  exact does. Where float64 itself cannot resolve the energies (O(1) fields next to couplings of 1e12
+  and beyond between spins that are not frozen), a ValueError says so (``_check_resolution``).
   Subnormal numbers (arithmetic on them is ~40x slower on CPUs) are flushed to zero on the calling
   thread and exp arguments are floored at log(tiny) + 1: both only touch entries below e * tiny
   relative to the largest, inside the same bound. So float32 runs in float32 (before: in float64
@@ -100,6 +100,7 @@ def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None
         m = torch.tanh(h).expand(_batch_shape(h, J, mask) + h.shape[-1:])
         return m if mask is None else m * mask
     g = group_queries(h, J, None, mask)
+    _check_resolution(g.h, g.J, g.mask, w)
     return g.ungroup(_Banded.apply(g.h, g.J, g.mask, w, chunk_size, True))
 
 
@@ -115,6 +116,7 @@ def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
         terms = terms if mask is None else terms * mask
         return terms.expand(_batch_shape(h, J, mask) + h.shape[-1:]).sum(-1)
     g = group_queries(h, J, None, mask)
+    _check_resolution(g.h, g.J, g.mask, w)
     return g.ungroup(_Banded.apply(g.h, g.J, g.mask, w, chunk_size, False))
 
 
@@ -152,6 +154,70 @@ def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | N
         raise ValueError(f"bandwidth {w} exceeds max_bandwidth={max_bandwidth} (the chain has 2^w states); "
                          "raise max_bandwidth, or use method='exact' (n <= 24) or 'meanfield'.")
     return 0 if J is None else w
+
+
+RESOLUTION_TOLERANCE = 1e-6  # largest error in a marginal accepted from the float64 rounding of the energies
+_FROZEN_MARGIN = 40.0        # a spin (or pair) is frozen when its other values are this far down in any context
+
+
+def _check_resolution(h: Tensor, J: Tensor, mask: Tensor | None, w: int) -> None:
+    """ValueError where float64 rounding of the recursions' log-weights can move a marginal by more than
+    RESOLUTION_TOLERANCE. h (G, Q, n), J (G, n, n), mask (G, Q, n) or None (grouped).
+
+    A step of either recursion adds the local energy of its new spin, of size L_p = |h_p| + sum_k |J_pk|,
+    to message entries, rounding them by about eps L_p. That matters only between entries that both carry
+    weight: not where every spin of the step's window is frozen (a single spin whose field beats its
+    couplings, or a coupled pair whose best configuration beats the others, by _FROZEN_MARGIN in any
+    context; absent spins count as frozen, their values do not move the others'). The bound summed over the
+    other steps, 4 eps sum (L_p + 64), is compared with the tolerance; typical inputs are cleared by the
+    first, cheaper bound that counts every step. The bound is conservative: rounding that happens to be
+    exact (dyadic values) can be refused too, from local energies of about 1e9 next to unfrozen spins.
+    """
+    G, Q, n = h.shape
+    if h.numel() == 0:
+        return
+    eps = torch.finfo(torch.float64).eps
+    hd = h.detach().double().abs()
+    band = torch.stack([_band(J[g].detach().double(), w) for g in range(G)])  # (G, n, w): J[p - d, p]
+    absolute = band.abs()
+    rows = absolute.sum(-1)
+    for d in range(1, w + 1):  # the partners p + d
+        rows[:, :n - d] += absolute[:, d:, d - 1]
+    crude = 4 * eps * (hd + rows[:, None, :] + 64.0).sum(-1)
+    if float(crude.amax()) <= RESOLUTION_TOLERANCE / 4:
+        return
+    present = torch.ones_like(hd) if mask is None else mask.double()
+    hs = h.detach().double() * present
+    pair = [band[:, None, d:, d - 1] * present[..., d:] * present[..., :n - d] for d in range(1, w + 1)]  # J_{p-d,p}
+    local = hs.abs()
+    for d, Jd in enumerate(pair, 1):
+        local[..., d:] += Jd.abs()
+        local[..., :n - d] += Jd.abs()
+    frozen = (hs.abs() > local - hs.abs() + _FROZEN_MARGIN) | (present == 0)
+    for d, Jd in enumerate(pair, 1):
+        hq, hp = hs[..., :n - d], hs[..., d:]  # the pair (q, p) = (p - d, p)
+        energies = torch.stack([a * hq + b * hp + a * b * Jd for a in (1, -1) for b in (1, -1)])
+        top2 = energies.topk(2, dim=0).values
+        rest = (local[..., :n - d] - hq.abs() - Jd.abs()) + (local[..., d:] - hp.abs() - Jd.abs())
+        both = top2[0] - top2[1] > 2 * rest + _FROZEN_MARGIN
+        frozen[..., :n - d] |= both
+        frozen[..., d:] |= both
+    counted = torch.empty_like(frozen)
+    for g in range(G):  # a step's window: its state (w spins) and its block's other new spins (k - 1)
+        scaled = mask is None and _window_max(absolute[g].sum(1), w + _block_size(w)) <= \
+            _linear_limit(w, n, torch.float64)  # the scaled recursion (k spins a block) may run, else the log domain
+        k = _block_size(w) if scaled else 1
+        back, ahead = w + k - 1, k - 1
+        loose = torch.nn.functional.pad((~frozen[g]).double()[:, None, :], (back, ahead))  # p - back .. p + ahead
+        counted[g] = torch.nn.functional.max_pool1d(loose, back + ahead + 1, stride=1)[:, 0] > 0
+    bound = 4 * eps * ((local + 64.0) * counted).sum(-1)
+    worst = float(bound.amax())
+    if worst > RESOLUTION_TOLERANCE:
+        raise ValueError(
+            f"method 'banded': the energies cannot be resolved in float64: local energies up to "
+            f"{float((local * counted).amax()):.3g} next to spins they do not freeze round the log-weights by up "
+            f"to {worst:.2g} (tolerance {RESOLUTION_TOLERANCE:g}). Rescale the fields and couplings (e.g. no "
+            f"couplings or fields of 1e12 and beyond next to O(1) ones).")
 
 
 class _Banded(torch.autograd.Function):
