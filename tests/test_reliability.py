@@ -77,8 +77,9 @@ def test_attention_gradient_penalty_raises_for_couplings_and_works_in_mode_h(win
 
 # ---- energies too large for the dtype: never a wrong number (against a 700-digit brute force) ----
 
-def _brute_force(h, J, present=None):
-    """<s_j> by enumeration in 700-digit arithmetic from the exact values of the float inputs (one system)."""
+def _brute_force(h, J, present=None, K=None):
+    """<s_j> by enumeration in 700-digit arithmetic from the exact values of the float inputs (one system;
+    K: the three-body couplings, summed over j < k < l)."""
     mpmath = pytest.importorskip("mpmath")
     ctx = mpmath.mp.clone()
     ctx.dps = 700
@@ -91,6 +92,9 @@ def _brute_force(h, J, present=None):
         s = {j: 1 if index >> b & 1 else -1 for b, j in enumerate(spins)}
         energy = ctx.fsum(h[j] * s[j] for j in spins)
         energy += ctx.fsum(J[j][k] * s[j] * s[k] for j in spins for k in spins if j < k)
+        if K is not None:
+            energy += ctx.fsum(ctx.mpf(float(K[j, k, m])) * s[j] * s[k] * s[m]
+                               for j in spins for k in spins for m in spins if j < k < m)
         weights.append(energy)
         states.append(s)
     top = max(weights)
@@ -228,3 +232,24 @@ def test_banded_keeps_huge_but_resolved_energies(case):
         J = _chain(5, 1e5)
     m = ising.marginals(h, J, method="banded", bandwidth=2)
     torch.testing.assert_close(m, _brute_force(h, J), atol=1e-6, rtol=0)
+
+
+def test_exact_refuses_three_body_couplings_whose_rounding_swamps_the_fields():
+    """K of 1e17 with O(1) fields gave [-0.001, -0.005, 0.197, 0.100, 0.050], far from the truth."""
+    import itertools
+
+    h = torch.tensor([0.5, -0.3, 0.2, 0.1, 0.05], dtype=torch.float64)
+    J = torch.zeros(5, 5, dtype=torch.float64)
+    J[0, 4] = J[4, 0] = 0.3
+    for scale, resolved in ((1e6, True), (1e17, False)):
+        K = torch.zeros(5, 5, 5, dtype=torch.float64)
+        for t in itertools.permutations((0, 1, 2)):
+            K[t] = scale
+        for t in itertools.permutations((1, 3, 4)):
+            K[t] = -scale / 2
+        truth = _brute_force(h, J, K=K)
+        if resolved:
+            torch.testing.assert_close(ising.marginals(h, J, K), truth, atol=1e-9, rtol=0)
+        else:
+            with pytest.raises(ValueError, match="cannot be resolved in float64"):
+                ising.marginals(h, J, K)
