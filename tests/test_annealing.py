@@ -441,3 +441,11 @@ def test_fit_beta_two_levels_at_any_gap(gap, beta):
     else:
         assert float(fit.beta) == math.copysign(1e3, beta)
     assert float(fit.kl) < 1e-12
+
+
+@pytest.mark.parametrize("systems", [dict(field_mean=0.0, field_std=0.0, coupling_std=0.0, sizes=(4,)),
+                                     dict(field_mean=0.0, field_std=0.0, coupling_std=0.5, sizes=(1,))])
+def test_calibration_systems_without_energy_are_named_as_the_cause(systems):
+    """E = 0 everywhere makes the KL flat in the scale: the error blamed the anneal ('smallest at the edge')."""
+    with pytest.raises(ValueError, match="same at every energy scale.*no energy to scale"):
+        annealing.calibrate_energy_scale(num_systems=2, **systems)

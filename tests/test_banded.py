@@ -325,3 +325,24 @@ def test_long_chain_against_independent_pieces():
     parts = (banded.log_partition(h[:, :100], J[:100, :100], None, None)
              + banded.log_partition(h[:, 100:], J[100:, 100:], None, None))
     assert torch.allclose(z, parts, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("case", ["large fields, scaled recursion", "large couplings, log domain",
+                                  "large couplings, mask with holes"])
+def test_float32_large_local_scales_run_in_float64(case):
+    """float32 log-weights are rounded relative to their size: fields of 3e4 next to O(1) ones (scaled
+    recursion) were 1e-3 off, couplings of 1e5 (log domain) 4e-3; such inputs run in float64, as in exact."""
+    g = torch.Generator().manual_seed(0)
+    n = 12
+    J = torch.zeros(n, n, dtype=torch.float64)
+    scale = 0.3 if case.startswith("large fields") else 1e5
+    for i in range(n - 1):
+        J[i, i + 1] = J[i + 1, i] = (scale * torch.randn(1, generator=g, dtype=torch.float64)).round(decimals=1)
+    h = torch.randn(5, n, generator=g, dtype=torch.float64)
+    if case.startswith("large fields"):
+        h[:, ::4] += 3e4 * torch.sign(h[:, ::4])
+    mask = torch.rand(5, n, generator=g) > 0.3 if case.endswith("holes") else None
+    w = 5 if case.startswith("large fields") else 1
+    m = ising.marginals(h.float(), J.float(), mask=mask, method="banded", bandwidth=w)
+    truth = reference.marginals(h.float().double(), J.float().double(), mask=mask)
+    torch.testing.assert_close(m.double(), truth, atol=1e-6, rtol=0)

@@ -449,3 +449,14 @@ def test_input_and_ladder_errors():
     for bad in (dict(gradient="exact"), dict(num_samples=0), dict(nudge=-1.0)):
         with pytest.raises(ValueError):
             sampled_marginals(h, None, None, exact_draw, **{"num_samples": 10, **bad})
+
+
+def test_a_tensor_of_betas_is_a_ladder():
+    """A tensor ladder was refused as 'each of betas must be a finite number > 0, got tensor(0.3000)'."""
+    h = torch.tensor([[0.3, -0.2, 0.5]], dtype=torch.float64)
+    J = torch.tensor([[0.0, 0.4, 0.0], [0.4, 0.0, -0.3], [0.0, -0.3, 0.0]], dtype=torch.float64)
+    from_list = mcmc.pt_marginals(h, J, betas=[0.3, 0.6, 1.0], num_samples=200, seed=0)
+    from_tensor = mcmc.pt_marginals(h, J, betas=torch.tensor([0.3, 0.6, 1.0]), num_samples=200, seed=0)
+    assert torch.equal(from_list, from_tensor)
+    with pytest.raises(ValueError, match="each of betas must be a finite number > 0"):
+        mcmc.pt_marginals(h, J, betas=torch.tensor([0.0, 1.0]), num_samples=10, seed=0)

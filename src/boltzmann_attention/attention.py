@@ -412,15 +412,27 @@ class BoltzmannAttention(nn.Module):
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Optimiser groups: weight decay on matrices, none on biases, norms, couplings and field biases.
 
-    Parameters marked ``_no_weight_decay`` (couplings, field bias) and all parameters with fewer than two
-    dimensions go to the group without decay.
+    No decay for: every parameter of the couplings modules (``FullCouplings``, ``RelativeCouplings``,
+    ``WindowCouplings``, ``ThreeBodyCouplings``: any module class with ``no_weight_decay = True``) and of
+    ``SlotBias``; parameters named ``field_bias``; parameters with fewer than two dimensions; and parameters
+    marked ``p._no_weight_decay = True`` (for a user's own parameters). The rule is by the owning module's
+    class and the parameter's name, not only by the attribute on the Parameter object, so it holds after
+    ``copy.deepcopy``, ``load_state_dict(assign=True)``, ``to_empty`` and ``torch.compile`` (each of which
+    may hand over new Parameter objects without the attribute). A parameter shared by several modules is
+    listed once.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
     check_real("weight_decay", weight_decay, minimum=0.0)
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if getattr(p, "_no_weight_decay", False) or p.dim() < 2 else decay).append(p)
+    decay, no_decay, seen = [], [], set()
+    for module in model.modules():
+        # `is True`: other libraries define a method of this name (timm: the names to exempt), which must not
+        # exempt the whole module
+        exempt_module = getattr(type(module), "no_weight_decay", False) is True or isinstance(module, SlotBias)
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            exempt = exempt_module or name == "field_bias" or getattr(p, "_no_weight_decay", False) or p.dim() < 2
+            (no_decay if exempt else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

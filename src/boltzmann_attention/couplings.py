@@ -2,7 +2,9 @@
 
 Each is an ``nn.Module`` whose ``forward(length)`` returns the couplings of one call, and whose parameters
 start at ``init_std`` times a normal draw (0 by default, so that mode 'h+J' starts as sigmoid attention)
-and are marked ``_no_weight_decay`` (see :func:`~boltzmann_attention.parameter_groups`):
+and get no weight decay: each class sets ``no_weight_decay = True``, which
+:func:`~boltzmann_attention.parameter_groups` reads from the module's class (so the rule survives copies and
+meta initialisation), and its parameters also carry the ``_no_weight_decay`` mark:
 
 - ``FullCouplings``: a free J_jk per key pair and head, (H, S, S), lengths up to ``max_len``;
 - ``RelativeCouplings``: J_jk = f(|j - k|), f = 0 beyond ``max_distance``, any length (J is banded);
@@ -16,6 +18,8 @@ convention.
 from __future__ import annotations
 
 import itertools
+import numbers
+from functools import lru_cache
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +32,8 @@ __all__ = ["FullCouplings", "RelativeCouplings", "ThreeBodyCouplings", "WindowCo
 class FullCouplings(nn.Module):
     """One free coupling J_jk per key pair and head, for lengths up to ``max_len``: (H, S, S)."""
 
+    no_weight_decay = True  # read by parameter_groups
+
     def __init__(self, num_heads: int, max_len: int, init_std: float = 0.0):
         super().__init__()
         check_sizes(num_heads=num_heads, max_len=max_len, init_std=init_std)
@@ -36,6 +42,7 @@ class FullCouplings(nn.Module):
         self.weight._no_weight_decay = True
 
     def forward(self, length: int) -> Tensor:
+        _check_length(length)
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len {self.max_len} of the couplings; "
                              "use coupling='relative' for any length")
@@ -50,6 +57,8 @@ class RelativeCouplings(nn.Module):
     max_distance = 0 means no couplings (J = 0).
     """
 
+    no_weight_decay = True  # read by parameter_groups
+
     def __init__(self, num_heads: int, max_distance: int, init_std: float = 0.0):
         super().__init__()
         check_sizes(num_heads=num_heads, init_std=init_std)
@@ -59,6 +68,7 @@ class RelativeCouplings(nn.Module):
         self.weight._no_weight_decay = True
 
     def forward(self, length: int) -> Tensor:
+        _check_length(length)
         zero = self.weight.new_zeros(self.weight.shape[0], 1)
         table = torch.cat([zero, self.weight, zero], dim=1)  # index: distance, clamped past the range
         position = torch.arange(length, device=self.weight.device)
@@ -69,6 +79,8 @@ class RelativeCouplings(nn.Module):
 class ThreeBodyCouplings(nn.Module):
     """One free K_jkl per key triple j<k<l and head, symmetrised: (H, S, S, S)."""
 
+    no_weight_decay = True  # read by parameter_groups
+
     def __init__(self, num_heads: int, max_len: int, init_std: float = 0.0):
         super().__init__()
         check_sizes(num_heads=num_heads, max_len=max_len, init_std=init_std)
@@ -77,6 +89,7 @@ class ThreeBodyCouplings(nn.Module):
         self.weight._no_weight_decay = True
 
     def forward(self, length: int) -> Tensor:
+        _check_length(length)
         if length > self.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len {self.max_len} of the couplings")
         i = torch.arange(length, device=self.weight.device)
@@ -92,6 +105,8 @@ class WindowCouplings(nn.Module):
     relative=True: J_ab = f(|a - b|), f(1) .. f(W - 1) learnable, W - 1 parameters per head.
     """
 
+    no_weight_decay = True  # read by parameter_groups
+
     def __init__(self, num_heads: int, window: int, relative: bool = False, init_std: float = 0.0):
         super().__init__()
         check_sizes(num_heads=num_heads, init_std=init_std)
@@ -102,15 +117,34 @@ class WindowCouplings(nn.Module):
         shape = (num_heads, window - 1) if relative else (num_heads, window, window)
         self.weight = nn.Parameter(torch.randn(*shape) * init_std)
         self.weight._no_weight_decay = True
-        slot = torch.arange(window)
-        # constant index tables (no triu per call: tiny triu calls cost a thread wake-up each on a busy CPU)
-        self.register_buffer("_upper", (slot[:, None] < slot[None, :]).float(), persistent=False)
-        self.register_buffer("_distance", (slot[:, None] - slot[None, :]).abs(), persistent=False)
 
     def forward(self, length: int | None = None) -> Tensor:
         """The (H, W, W) couplings; ``length`` is accepted for symmetry with the other couplings and unused."""
         if self.relative:
             table = torch.cat([self.weight.new_zeros(self.weight.shape[0], 1), self.weight], dim=1)
-            return table[:, self._distance]
-        upper = self.weight * self._upper.to(self.weight.dtype)
+            return table[:, _slot_distance(self.window, self.weight.device)]
+        upper = self.weight * _upper_triangle(self.window, self.weight.dtype, self.weight.device)
         return upper + upper.transpose(-1, -2)
+
+
+def _check_length(length) -> None:
+    """ValueError unless ``length`` is a count of keys (an int >= 0; torch.compile's symbolic ints included)."""
+    if isinstance(length, bool) or not isinstance(length, (numbers.Integral, torch.SymInt)) or length < 0:
+        raise ValueError(f"length must be an integer >= 0 (the number of keys), got {length!r}")
+
+
+# Constant index tables of the window, derived from (W, dtype, device) and cached outside the module, so that
+# no module state can hold them stale or uninitialised (after meta initialisation and to_empty, say). Cached
+# rather than rebuilt per call: tiny triu calls cost a thread wake-up each on a busy CPU.
+@lru_cache(maxsize=32)
+def _upper_triangle(window: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """(W, W): 1 above the diagonal, 0 elsewhere."""
+    slot = torch.arange(window, device=device)
+    return (slot[:, None] < slot[None, :]).to(dtype)
+
+
+@lru_cache(maxsize=32)
+def _slot_distance(window: int, device: torch.device) -> Tensor:
+    """(W, W): |a - b|."""
+    slot = torch.arange(window, device=device)
+    return (slot[:, None] - slot[None, :]).abs()

@@ -47,7 +47,7 @@ three estimators (``gradient=``), with g = dL/dm the incoming gradient:
 
 Shapes: h (..., n), J broadcastable to (..., n, n) or None, mask (..., n) or None; queries sharing a J
 are grouped (``group_queries``) so a J shared by all queries is passed to the draw as (1, n, n).
-Gradients in J are summed over the queries sharing it. Second derivatives are not supported.
+Gradients in J are summed over the queries sharing it. Second derivatives raise (``_autograd``).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ._autograd import first_order_backward
 from ._inputs import check_int, check_real, group_queries
 
 __all__ = ["Draw", "GRADIENTS", "sampled_marginals", "sample_moments"]
@@ -176,7 +176,7 @@ class _SampledMarginals(torch.autograd.Function):
         return m
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("a sampled method (gibbs, pt, dqa, sqa, dimod; sample estimators)")
     def backward(ctx, grad):
         plan = ctx.plan
         want_h, want_J = ctx.needs_input_grad[0], ctx.needs_input_grad[1]

@@ -649,6 +649,11 @@ def _calibrated_scale(target_beta, sizes, num_systems, field_mean, field_std, co
 
     grid = np.log10(_GRID)
     values = [f(x) for x in grid]
+    if max(values) - min(values) <= 1e-12 * (1.0 + abs(min(values))):
+        raise ValueError(f"calibrate_energy_scale: the KL to exp(-{target_beta:g} E) is the same at every energy "
+                         f"scale searched ({_GRID[0]:g} .. {_GRID[-1]:g}): the calibration systems have no energy "
+                         f"to scale (field_mean = {field_mean:g}, field_std = {field_std:g}, coupling_std = "
+                         f"{coupling_std:g}, sizes {sizes}); give them fields or couplings")
     best = int(np.argmin(values))
     if best in (0, len(grid) - 1):
         raise ValueError(f"calibrate_energy_scale: the KL to exp(-{target_beta:g} E) is smallest at the edge of "

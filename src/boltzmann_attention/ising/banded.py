@@ -35,7 +35,12 @@ Numerics. Two recursions, chosen per group of queries sharing J:
   the dtype's eps, i.e. R <= log(1 / tiny) - log(1 / eps) - log n - 2 w log 2 (about 53 in float32 at
   n = 1024, w = 8; 650 in float64). float32 inputs past float32's bound and within float64's run this
   path in float64 (about 2x faster than the log domain, measured; learned couplings of |J| ~ 0.3 at
-  w = 8 reached float32's bound in training), and the log-domain path is used otherwise. Large fields are safe.
+  w = 8 reached float32's bound in training), and the log-domain path is used otherwise. Large fields are safe
+  from underflow, not from rounding: a block's log-weights are sums of its fields and couplings, rounded
+  relative to their size, so lower-precision inputs whose local scale (k max |h| + R) exceeds
+  ``numerics.FLOAT32_SCALE_LIMIT`` (float32 rounding of 1e-3) run either recursion in float64, as method
+  exact does. Where float64 itself cannot resolve the energies (O(1) fields next to couplings of 1e12
+  and beyond between spins that are not frozen), a ValueError says so (``_check_resolution``).
   Subnormal numbers (arithmetic on them is ~40x slower on CPUs) are flushed to zero on the calling
   thread and exp arguments are floored at log(tiny) + 1: both only touch entries below e * tiny
   relative to the largest, inside the same bound. So float32 runs in float32 (before: in float64
@@ -52,7 +57,7 @@ of <s_l s_p> along the field direction g: dL/dh_j = sum_i g_i Cov(s_i, s_j), dL/
 Cov(s_i, s_l s_p) / 2. It is computed by running the same forward-backward with tangent messages (dual
 numbers) next to the messages. The J gradient covers the band 1 <= |l - p| <= w only: other entries are
 structurally zero (so pass ``bandwidth`` when J is trained from a value, such as zero, that does not
-fill the band; with w = 0 J gets no gradient). Double backward is not supported.
+fill the band; with w = 0 J gets no gradient). Second derivatives raise (``_autograd``).
 """
 
 from __future__ import annotations
@@ -64,9 +69,10 @@ from functools import lru_cache, partial
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ._autograd import first_order_backward
 from ._inputs import check_int, empty_result, group_queries, is_empty
+from .numerics import FLOAT32_SCALE_LIMIT
 from .numerics import no_denormals as _no_denormals
 
 __all__ = ["marginals", "log_partition"]
@@ -94,6 +100,7 @@ def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None
         m = torch.tanh(h).expand(_batch_shape(h, J, mask) + h.shape[-1:])
         return m if mask is None else m * mask
     g = group_queries(h, J, None, mask)
+    _check_resolution(g.h, g.J, g.mask, w)
     return g.ungroup(_Banded.apply(g.h, g.J, g.mask, w, chunk_size, True))
 
 
@@ -109,6 +116,7 @@ def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
         terms = terms if mask is None else terms * mask
         return terms.expand(_batch_shape(h, J, mask) + h.shape[-1:]).sum(-1)
     g = group_queries(h, J, None, mask)
+    _check_resolution(g.h, g.J, g.mask, w)
     return g.ungroup(_Banded.apply(g.h, g.J, g.mask, w, chunk_size, False))
 
 
@@ -148,6 +156,70 @@ def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | N
     return 0 if J is None else w
 
 
+RESOLUTION_TOLERANCE = 1e-6  # largest error in a marginal accepted from the float64 rounding of the energies
+_FROZEN_MARGIN = 40.0        # a spin (or pair) is frozen when its other values are this far down in any context
+
+
+def _check_resolution(h: Tensor, J: Tensor, mask: Tensor | None, w: int) -> None:
+    """ValueError where float64 rounding of the recursions' log-weights can move a marginal by more than
+    RESOLUTION_TOLERANCE. h (G, Q, n), J (G, n, n), mask (G, Q, n) or None (grouped).
+
+    A step of either recursion adds the local energy of its new spin, of size L_p = |h_p| + sum_k |J_pk|,
+    to message entries, rounding them by about eps L_p. That matters only between entries that both carry
+    weight: not where every spin of the step's window is frozen (a single spin whose field beats its
+    couplings, or a coupled pair whose best configuration beats the others, by _FROZEN_MARGIN in any
+    context; absent spins count as frozen, their values do not move the others'). The bound summed over the
+    other steps, 4 eps sum (L_p + 64), is compared with the tolerance; typical inputs are cleared by the
+    first, cheaper bound that counts every step. The bound is conservative: rounding that happens to be
+    exact (dyadic values) can be refused too, from local energies of about 1e9 next to unfrozen spins.
+    """
+    G, Q, n = h.shape
+    if h.numel() == 0:
+        return
+    eps = torch.finfo(torch.float64).eps
+    hd = h.detach().double().abs()
+    band = torch.stack([_band(J[g].detach().double(), w) for g in range(G)])  # (G, n, w): J[p - d, p]
+    absolute = band.abs()
+    rows = absolute.sum(-1)
+    for d in range(1, w + 1):  # the partners p + d
+        rows[:, :n - d] += absolute[:, d:, d - 1]
+    crude = 4 * eps * (hd + rows[:, None, :] + 64.0).sum(-1)
+    if float(crude.amax()) <= RESOLUTION_TOLERANCE / 4:
+        return
+    present = torch.ones_like(hd) if mask is None else mask.double()
+    hs = h.detach().double() * present
+    pair = [band[:, None, d:, d - 1] * present[..., d:] * present[..., :n - d] for d in range(1, w + 1)]  # J_{p-d,p}
+    local = hs.abs()
+    for d, Jd in enumerate(pair, 1):
+        local[..., d:] += Jd.abs()
+        local[..., :n - d] += Jd.abs()
+    frozen = (hs.abs() > local - hs.abs() + _FROZEN_MARGIN) | (present == 0)
+    for d, Jd in enumerate(pair, 1):
+        hq, hp = hs[..., :n - d], hs[..., d:]  # the pair (q, p) = (p - d, p)
+        energies = torch.stack([a * hq + b * hp + a * b * Jd for a in (1, -1) for b in (1, -1)])
+        top2 = energies.topk(2, dim=0).values
+        rest = (local[..., :n - d] - hq.abs() - Jd.abs()) + (local[..., d:] - hp.abs() - Jd.abs())
+        both = top2[0] - top2[1] > 2 * rest + _FROZEN_MARGIN
+        frozen[..., :n - d] |= both
+        frozen[..., d:] |= both
+    counted = torch.empty_like(frozen)
+    for g in range(G):  # a step's window: its state (w spins) and its block's other new spins (k - 1)
+        scaled = mask is None and _window_max(absolute[g].sum(1), w + _block_size(w)) <= \
+            _linear_limit(w, n, torch.float64)  # the scaled recursion (k spins a block) may run, else the log domain
+        k = _block_size(w) if scaled else 1
+        back, ahead = w + k - 1, k - 1
+        loose = torch.nn.functional.pad((~frozen[g]).double()[:, None, :], (back, ahead))  # p - back .. p + ahead
+        counted[g] = torch.nn.functional.max_pool1d(loose, back + ahead + 1, stride=1)[:, 0] > 0
+    bound = 4 * eps * ((local + 64.0) * counted).sum(-1)
+    worst = float(bound.amax())
+    if worst > RESOLUTION_TOLERANCE:
+        raise ValueError(
+            f"method 'banded': the energies cannot be resolved in float64: local energies up to "
+            f"{float((local * counted).amax()):.3g} next to spins they do not freeze round the log-weights by up "
+            f"to {worst:.2g} (tolerance {RESOLUTION_TOLERANCE:g}). Rescale the fields and couplings (e.g. no "
+            f"couplings or fields of 1e12 and beyond next to O(1) ones).")
+
+
 class _Banded(torch.autograd.Function):
     """Marginals (``want_marginals``) or log Z of grouped inputs, one node. Backward of log Z: the
     marginals and pair sums weighted by the incoming gradient; of the marginals: their tangents along it
@@ -161,7 +233,7 @@ class _Banded(torch.autograd.Function):
         return (out.marginals if want_marginals else out.log_z).to(h.dtype)
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("method 'banded'")
     def backward(ctx, grad):
         h, J, mask = ctx.saved_tensors
         pairs = ctx.needs_input_grad[1]
@@ -272,7 +344,10 @@ def _lanes(gi: int, fields: Tensor, band: Tensor, present: Tensor | None, direct
     scaled = None if holes else next((d for d in (fields.dtype, torch.float64)
                                       if coupling_range <= _linear_limit(w, n, d)), None)
     linear = scaled is not None
-    if linear and scaled != fields.dtype:
+    local_scale = _block_size(w) * float(fields.abs().amax()) + coupling_range if fields.numel() else 0.0
+    if fields.dtype != torch.float64 and local_scale > FLOAT32_SCALE_LIMIT:
+        scaled = torch.float64  # rounding of large local log-weights in lower precision: run in float64
+    if scaled is not None and scaled != fields.dtype:
         fields, band = fields.to(scaled), band.to(scaled)
         direction = direction.to(scaled) if direction is not None else None
         weights = weights.to(scaled) if weights is not None else None

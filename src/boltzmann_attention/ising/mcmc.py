@@ -78,6 +78,8 @@ def _ladder(betas, num_replicas, beta_min) -> list[float]:
                                0.1 if beta_min is None else beta_min)
     if num_replicas is not None or beta_min is not None:
         raise ValueError("give either betas or num_replicas / beta_min, not both")
+    if isinstance(betas, Tensor):  # a tensor of betas: its values (each entry alone is not a Python number)
+        betas = betas.detach().reshape(-1).tolist()
     ladder = sorted(check_real("each of betas", b, minimum=0.0, open_minimum=True) for b in betas)
     if not ladder:
         raise ValueError("betas must not be empty (it must contain 1.0)")

@@ -54,7 +54,7 @@ the fixed point (dPhi/dm_j = field_j - atanh(m_j) = 0 is exactly the fixed-point
 dPhi(m*(theta), theta)/dtheta = dPhi/dtheta at fixed m: autograd differentiates Phi with m detached
 (d/dh = m, d/dJ_jk = m_j m_k / 2 plus the Onsager part). Both are exact at an exact fixed point and off
 by O(tol) otherwise. Gradients in J and K are those of the symmetric forms (dJ_jk = dJ_kj), as for the
-exact methods. Second derivatives are not supported.
+exact methods. Second derivatives raise (create_graph=True through the backward; see ``_autograd``).
 
 Absent spins (mask False) have m_j = 0, contribute to nobody's field or Onsager term, and add nothing
 (not log 2) to log Z, so a masked system equals the smaller system with those spins deleted.
@@ -67,8 +67,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ._autograd import first_order_backward
 from ._inputs import check_inputs, check_int, check_real, group_queries
 
 __all__ = ["marginals", "log_partition", "solve", "SolveInfo", "ConvergenceWarning", "ConvergenceError"]
@@ -294,7 +294,7 @@ class _ImplicitFixedPoint(torch.autograd.Function):
         return m_star.clone()
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("method 'meanfield'/'tap' (implicit gradient)")
     def backward(ctx, grad):
         m_star, h, J, K, mask = ctx.saved_tensors
         s = ctx.settings

@@ -46,9 +46,9 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from . import numerics
+from ._autograd import first_order_backward
 from .reference import configurations
 
 ENUMERATED_SPINS = 8  # pairwise systems up to this size (and within one block and chunk) skip the split
@@ -90,11 +90,17 @@ def contract(log_u: Tensor, log_v: Tensor, left: Tensor, right: Tensor, SA: Tens
 
 
 def checked(m, logz, ok, h, J, K, mask=None):
-    """Rows that underflowed (ok False), and float32 rows whose energy scale exceeds
-    numerics.FLOAT32_SCALE_LIMIT, recomputed by the float64 fallback."""
+    """Rows that underflowed (ok False), float32 rows whose energy scale exceeds
+    numerics.FLOAT32_SCALE_LIMIT, and rows whose float64 energies may be rounded by more than
+    RESOLUTION_TOLERANCE allows (``resolved_scale``), recomputed by the float64 fallback, which checks
+    the last ones (``check_resolution``)."""
     limit = numerics.FLOAT32_SCALE_LIMIT
-    if h.dtype != torch.float64 and numerics.energy_bound(h, J, K) > limit:  # rounding of large log-weights:
-        ok = ok & (numerics.energy_scale(h, J, K) <= limit)                  # solve those rows in float64
+    bound = numerics.energy_bound(h, J, K) if h.numel() else 0.0
+    if h.dtype != torch.float64 and bound > limit:  # rounding of large log-weights:
+        ok = ok & (numerics.energy_scale(h, J, K) <= limit)  # solve those rows in float64
+    limit = resolved_scale(h.shape[-1])
+    if bound > limit:  # rows whose float64 rounding may matter: solved and checked by the fallback
+        ok = ok & (numerics.energy_scale(h, J, K) <= limit)
     if not bool(ok.all()):
         m, logz = float64_fallback(m, logz, ok, h, J, K, mask)
     return m, logz
@@ -261,7 +267,7 @@ class _Contract(torch.autograd.Function):
         return m, logz, ok
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("the split enumeration (method 'exact' with K, the coupled window)")
     def backward(ctx, grad_m, grad_logz, _):
         with numerics.no_denormals(grad_m.device):
             grad_u, grad_v, grad_left, grad_right = _contract_backward(
@@ -376,7 +382,7 @@ class Pairwise(torch.autograd.Function):
             return Pairwise._forward(ctx, h, J, plan)
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("method 'exact' (split enumeration)")
     def backward(ctx, grad_m, grad_logz, _):
         with numerics.no_denormals(grad_m.device):
             return Pairwise._backward(ctx, grad_m, grad_logz)
@@ -450,6 +456,7 @@ def float64_fallback(m, logz, ok, h, J, K, mask=None):
         for chunk in rows[:, 1].split(max(1, numerics.CHUNK_ELEMENTS // (SA.shape[0] * SB.shape[0]))):
             x = h[g, chunk].double() * present
             chunk_m, chunk_logz = numerics.float64_marginals(x[:, :a] @ SA.T, table, x[:, a:] @ SB.T, SA, SB)
+            check_resolution(chunk_m, x, J_g, K_g, table, SA, SB, present)
             new_m.append(chunk_m * present)
             new_logz.append(chunk_logz - (n - present.sum()) * math.log(2.0))
             index.append(g * Q + chunk)
@@ -457,3 +464,80 @@ def float64_fallback(m, logz, ok, h, J, K, mask=None):
     m = m.reshape(G * Q, n).index_put((index,), torch.cat(new_m).to(m.dtype)).reshape(G, Q, n)
     logz = logz.reshape(G * Q).index_put((index,), torch.cat(new_logz).to(logz.dtype)).reshape(G, Q)
     return m, logz
+
+
+# The energy-range check: float64 log-weights are rounded by at most about (2n + 4) eps |E| (the GEMMs that
+# build them from h, J and K). Where that can move a marginal by more than RESOLUTION_TOLERANCE, the states
+# that carry the distribution are re-evaluated exactly (math.fsum of their energy differences) and, if the
+# computed marginals differ from the exact ones by more than the tolerance, a ValueError names the limit.
+RESOLUTION_TOLERANCE = 1e-6  # largest error in a marginal accepted from the rounding of the energies
+RESOLUTION_STATES = 4096     # most states per query re-evaluated exactly; beyond, the query is refused
+_NEGLIGIBLE_GAP = 60.0       # states this far below the largest log-weight carry < 2^24 e^-60 < 1e-18 in all
+
+
+def _rounding(n: int) -> float:
+    """Bound on the relative rounding of float64 log-weights of n spins (in units of the energy scale)."""
+    return (2 * n + 4) * torch.finfo(torch.float64).eps
+
+
+def resolved_scale(n: int) -> float:
+    """The energy scale up to which float64 rounding cannot move a marginal by RESOLUTION_TOLERANCE."""
+    return RESOLUTION_TOLERANCE / (8 * _rounding(max(n, 1)))
+
+
+def check_resolution(m: Tensor, x: Tensor, J: Tensor | None, K: Tensor | None, table, SA: Tensor, SB: Tensor,
+                     present: Tensor | None = None) -> None:
+    """Raise ValueError for rows of the float64 marginals m (R, n) of x (R, n) (float64, absent spins zeroed,
+    J (1, n, n) and K likewise) that are off the exact ones by more than RESOLUTION_TOLERANCE: the rows whose
+    rounding bound exceeds it are checked against the exact law of their near states. ``table``: the coupling
+    table's logarithm (1, 2^a, 2^b) or 0.0, as passed to ``numerics.float64_marginals``; present (n,): the
+    spins whose marginals count (absent spins are free, their marginals are set to 0 by the caller)."""
+    n = x.shape[-1]
+    scale = x.detach().abs().sum(-1)
+    if J is not None:
+        scale = scale + J.detach().abs().sum() / 2
+    if K is not None:
+        scale = scale + K.detach().abs().sum() / 6
+    delta = _rounding(n) * scale  # (R,): bound on each log-weight's rounding
+    rows = (delta > RESOLUTION_TOLERANCE / 8).nonzero().squeeze(-1).tolist()
+    if not rows:
+        return
+    a, cols = SA.shape[1], SB.shape[0]
+
+    def spins(index: Tensor) -> Tensor:  # state index x * 2^b + y, as in the flattened log-weights
+        return torch.cat([SA[index // cols], SB[index % cols]], dim=-1)
+
+    x, table = x.detach(), table.detach() if isinstance(table, Tensor) else table
+    pairs = torch.triu_indices(n, n, 1, device=x.device)
+    triples = torch.combinations(torch.arange(n, device=x.device), 3) if K is not None and n >= 3 else None
+    for r in rows:
+        t = ((x[r, :a] @ SA.T)[:, None] + table + (x[r, a:] @ SB.T)[None, :]).reshape(-1)
+        top = int(t.argmax())
+        near = (t >= t[top] - 2 * float(delta[r]) - _NEGLIGIBLE_GAP).nonzero().squeeze(-1)
+        if len(near) > RESOLUTION_STATES:
+            _unresolved(n, float(scale[r]), f"{len(near)} states lie within the rounding of the largest weight")
+        states, best = spins(near), spins(torch.tensor([top], device=x.device))[0]
+        # every energy term of each near state minus the same term of the top state: exact in float64
+        terms = [x[r] * (states - best)]
+        if J is not None:
+            pair = states[:, pairs[0]] * states[:, pairs[1]] - best[pairs[0]] * best[pairs[1]]
+            terms.append(J[0, pairs[0], pairs[1]] * pair)
+        if triples is not None:
+            prod = states[:, triples].prod(-1) - best[triples].prod(-1)
+            terms.append(K[0, triples[:, 0], triples[:, 1], triples[:, 2]] * prod)
+        exact_gap = torch.tensor([math.fsum(row) for row in torch.cat(terms, dim=-1).tolist()], dtype=torch.float64)
+        true = torch.softmax(exact_gap, 0) @ states.cpu()
+        error = (m[r].detach().cpu() - true).abs()
+        error = float((error if present is None else error * present.cpu()).max())
+        if error > RESOLUTION_TOLERANCE:
+            _unresolved(n, float(scale[r]), f"the rounded energies move a marginal by {error:.2g}")
+
+
+def _unresolved(n: int, scale: float, why: str):
+    raise ValueError(
+        f"the energies of this system cannot be resolved in float64: their scale (sum |h| + sum |J| + sum |K| = "
+        f"{scale:.3g}) times float64's rounding ({_rounding(n):.2g} for n = {n}) swamps the energy differences "
+        f"that decide the marginals ({why}; tolerance {RESOLUTION_TOLERANCE:g}). Rescale the fields and "
+        f"couplings so that the differences that matter are not below about 1e-9 of the largest energies (e.g. "
+        f"no couplings of 1e17 next to O(1) fields); method 'reference' rounds the same energies and cannot "
+        f"resolve them either.")

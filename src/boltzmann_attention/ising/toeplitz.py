@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ._autograd import first_order_backward
 from ._inputs import check_inputs, check_int, group_queries
 from .meanfield import _adjoint, _report, forward_iteration
 from .meanfield import _Settings as MeanFieldSettings
@@ -184,7 +184,7 @@ class _ImplicitFixedPoint(torch.autograd.Function):
         return m
 
     @staticmethod
-    @once_differentiable
+    @first_order_backward("the Toeplitz mean field/TAP (implicit gradient)")
     def backward(ctx, g):
         m, profile, mask = ctx.saved_tensors
         s = ctx.s

@@ -15,25 +15,26 @@ B = W/2..W-1, Z = u^T T v with ONE coupling table T (2^(W/2) x 2^(W/2)) per head
 (B * L of them) go through two GEMMs of inner size 2^(W/2): about 2 * 2^W MACs per query. Gradients: the
 covariances from the same enumeration (``split.contract``), then autograd through the table factors.
 
-Absent slots keep every query in the same two GEMMs (this is what the window adds to the shared code): an
-absent slot c is clamped to s_c = +1 (the configurations with s_c = -1 get weight 0, through a -big
-exponent) and J_cb is subtracted from the field of every present slot b. Then the terms of c in the table
-add J_cb s_b + constants, which the field shift cancels: the law of the present slots is exactly that of
-the smaller system with c deleted.
+Absent slots (the first W - 1 queries of a sequence, masked keys): with ``present`` given, each query is
+solved on its present slots only, by method ``exact``'s mask patterns (one smaller system per pattern,
+patterns of similar size padded with free spins into one call; the full pattern is one system). The
+couplings of an absent slot never enter its energies: clamping it and cancelling its couplings by shifting
+the fields would lose the fields to cancellation once |J| is large next to them (|J| ~ 1e5 in float32, 1e12
+in float64).
 
-Numerics (:mod:`boltzmann_attention.ising.numerics`): u, v and T are max-shifted in the log domain; a query
-whose Z still underflows (|h| or |J| in the tens to hundreds, fields fighting couplings) is recomputed in
-float64 over its 2^W states. Limit: W <= ``max_spins`` (default 24; the table has 2^W entries per head).
+Numerics (:mod:`boltzmann_attention.ising.numerics`), as in method ``exact`` (``split.checked``): u, v and T
+are max-shifted in the log domain; a query whose Z still underflows (|h| or |J| in the tens to hundreds,
+fields fighting couplings), or whose energy scale is beyond what its dtype resolves, is recomputed in
+float64 over its 2^W states, and energies that float64 cannot resolve either raise a ValueError.
+Limit: W <= ``max_spins`` (default 24; the table has 2^W entries per head).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 from torch import Tensor
 
-from . import numerics, split
+from . import exact, split
 from ._inputs import group_queries
 
 MAX_SPINS = 24
@@ -67,50 +68,21 @@ def check_window(J: Tensor | None, window: int, max_spins: int = MAX_SPINS) -> N
 
 def marginals(h: Tensor, J: Tensor, present: Tensor | None = None) -> Tensor:
     """<s_a> of the window system, shape of the broadcast (..., W). See the module docstring."""
-    g = group_queries(h, J, None, present)
-    return g.ungroup(_split(g.h, g.J, g.mask))
+    if present is not None:  # each query on its present slots only (method exact's mask patterns)
+        return exact.marginals(h, J, None, present, max_spins=h.shape[-1])
+    g = group_queries(h, J, None, None)
+    return g.ungroup(_split(g.h, g.J))
 
 
-@lru_cache(maxsize=32)
-def _exclusion(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """(2n, 2^n): [S^T; -big [S = -1]^T], so that [h, absent] @ it is h.S with -big where an absent spin is -1."""
-    S = split.half_configurations(n, dtype, device)
-    big = torch.finfo(dtype).max / (4 * max(n, 1))  # large enough for exp to give 0, small enough to stay finite
-    return torch.cat([S.T, -big * (S < 0).to(dtype).T])
-
-
-def _split(h: Tensor, J: Tensor, present: Tensor | None) -> Tensor:
-    """h (G, Q, W), J (G, W, W), present (G, Q, W) bool or None -> marginals (G, Q, W)."""
+def _split(h: Tensor, J: Tensor) -> Tensor:
+    """h (G, Q, W), J (G, W, W), every slot present -> marginals (G, Q, W)."""
     W = h.shape[-1]
     if W == 1:  # one spin, no coupling
-        m = torch.tanh(h)
-        return m if present is None else m * present
+        return torch.tanh(h)
     a = W // 2
     SA = split.half_configurations(a, h.dtype, h.device)      # (2^a, a)
     SB = split.half_configurations(W - a, h.dtype, h.device)  # (2^b, b)
     left, right = split.table_factors(J, None, a, SA, SB)     # log T = left @ right^T, (G, 2^a, 2^b)
-    if present is None:
-        log_u, log_v = h[..., :a] @ SA.T, h[..., a:] @ SB.T  # (G, Q, 2^a), (G, Q, 2^b)
-    else:  # clamp absent slots to +1 (configurations with -1 there get -big), cancel their couplings
-        absent = (~present).to(h.dtype)
-        h = (h - absent @ J) * present
-        x = torch.cat([h[..., :a], absent[..., :a], h[..., a:], absent[..., a:]], dim=-1)
-        log_u = x[..., :2 * a] @ _exclusion(a, h.dtype, h.device)
-        log_v = x[..., 2 * a:] @ _exclusion(W - a, h.dtype, h.device)
-    m, _, ok = split.contract(log_u, log_v, left, right, SA, SB)
-    if not bool(ok.all()):  # Z underflowed for some queries: recompute them in float64 log space
-        m = _float64_rows(m, ok, log_u, left, right, log_v, SA, SB)
-    return m if present is None else m * present
-
-
-def _float64_rows(m, ok, log_u, left, right, log_v, SA, SB):
-    """The rows where ok is False recomputed by ``numerics.float64_marginals`` over all 2^W states."""
-    G, Q, W = m.shape
-    bad = (~ok).nonzero()  # (R, 2): group and query index
-    new = []
-    for rows in bad.split(max(1, numerics.CHUNK_ELEMENTS // (SA.shape[0] * SB.shape[0]))):
-        g, q = rows[:, 0], rows[:, 1]
-        log_table = left[g].double() @ right[g].double().transpose(-1, -2)
-        new.append(numerics.float64_marginals(log_u[g, q], log_table, log_v[g, q], SA, SB, "exact window")[0])
-    index = bad[:, 0] * Q + bad[:, 1]
-    return m.reshape(G * Q, W).index_put((index,), torch.cat(new).to(m.dtype)).reshape(G, Q, W)
+    log_u, log_v = h[..., :a] @ SA.T, h[..., a:] @ SB.T      # (G, Q, 2^a), (G, Q, 2^b)
+    m, logz, ok = split.contract(log_u, log_v, left, right, SA, SB)
+    return split.checked(m, logz, ok, h, J, None)[0]  # underflow and dtype resolution: float64 rows
