@@ -252,6 +252,19 @@ def test_bias_couplings_and_masks_of_another_float_dtype_are_cast():
     assert out.dtype == DT
 
 
+@pytest.mark.parametrize("name", MODE_NAMES)
+def test_functional_form_under_autocast_takes_inputs_of_mixed_dtypes(name):
+    """Under autocast every input is taken in autocast's dtype first, as SDPA does (a model's RoPE can hand over
+    float32 q and k beside a bfloat16 v); the result is in autocast's dtype."""
+    q, k, v = _qkv(dtype=torch.float32)
+    kwargs = _mode_kwargs(name, 6, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = boltzmann_attention(q, k, v.bfloat16(), is_causal=True, **kwargs)
+        same = boltzmann_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True, **kwargs)
+    assert mixed.dtype == torch.bfloat16
+    torch.testing.assert_close(mixed, same, atol=0, rtol=0)
+
+
 LAYER_CONFIGS = {
     "softmax": {"mode": "softmax"},
     "h": {"mode": "h"},

@@ -105,6 +105,10 @@ def boltzmann_attention(
     (``torch.compiler.is_compiling()``): there they would need the data. On meta tensors the result has the
     right shape and dtype and no values (nothing is solved).
     """
+    if isinstance(query, Tensor) and _result_dtype(query) != query.dtype:  # under autocast, as SDPA: every
+        dtype = _result_dtype(query)                                         # input in autocast's dtype
+        query, key, value = (x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x
+                             for x in (query, key, value))
     check_call(query, key, value, couplings=couplings, three_body=three_body, mode=mode, method=method,
                method_options=method_options, is_causal=is_causal, attn_mask=attn_mask, scale=scale, bias=bias,
                return_weights=return_weights, coupling_window=coupling_window, enable_gqa=enable_gqa)

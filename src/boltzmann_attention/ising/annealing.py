@@ -1,6 +1,6 @@
 """Simulated diabatic quantum annealing (DQA): statevector, first-order Trotter, batched over queries.
 
-Hamiltonian (D-Wave form, SAMPLERS.md §4), time t in ns, energies in GHz, s = t / t_anneal::
+Hamiltonian (D-Wave's form, docs/design.md "Samplers"), time t in ns, energies in GHz, s = t / t_anneal::
 
     H(s) = -A(s)/2 sum_j X_j + B(s)/2 H_P,     H_P = -sum_j h_j Z_j - sum_{j<k} J_jk Z_j Z_k,
 
@@ -52,7 +52,7 @@ it. So rows are simulated on their present spins (padded to a small common width
 the absent ones are put back as uniform bits. The limit ``MAX_SPINS`` applies to the full width n,
 present or not.
 
-Boltzmann regime (SCALING.md §4; Gyhm et al., arXiv:2409.18126): a fast anneal, or a small energy scale,
+Boltzmann regime (Gyhm et al., arXiv:2409.18126; docs/design.md "Samplers"): a fast anneal, or a small energy scale,
 leaves the state near uniform, with log p(s) linear in E(s) to first order: an effective inverse temperature.
 ``effective_beta`` fits it per system (the beta minimising KL(p_DQA || p_beta), p_beta proportional to
 exp(-beta E)) and reports the KL left; ``calibrate_energy_scale`` finds the energy scale at which DQA is
@@ -60,10 +60,8 @@ closest to exp(-target_beta E) on random systems like those training produces, a
 At the defaults (5 ns, linear, 200 steps) that scale is about 0.034, not 1: at energy_scale 1 the anneal is
 near-adiabatic (beta_eff of several units, far from Boltzmann). Measurements: report/dqa_calibration/.
 
-Cost: about n/4 GEMM passes with 16 x 16 blocks plus one complex exponential per amplitude and step. Measured
-for a causal window at batch 64 (64 T queries, 200 steps, one core, the other core busy): 8 ms at T = 4,
-50 ms at T = 6, 0.11 s at T = 8 (0.42 s at full width), 0.39 s at T = 10 (2.7 s at full width); 2-3x faster
-than the same steps through two radix-16 Walsh-Hadamard transforms, timed side by side.
+Cost: about n/4 GEMM passes with 16 x 16 blocks plus one complex exponential per amplitude and step, per
+query: O(n 2^n) a step, more than exact enumeration at the same n (timings: ``boltzmann-attention-bench``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ exact covariance gradients. A sampler that takes ``num_reads`` must return exact
 anything else raises ValueError.
 
 Cost: one ``sample_ising`` call per query (a Python loop; it is an adapter). A QPU call costs
-10-20 ms of access overhead each (SAMPLERS.md §4), so this is for experiments, not training.
+milliseconds of access overhead each, so this is for experiments, not training.
 This module never imports dimod (it only calls the sampler and reads the sample set's ``variables``
 and ``record``), so the package imports without it.
 """
