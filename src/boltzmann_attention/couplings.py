@@ -120,10 +120,13 @@ class WindowCouplings(nn.Module):
 
     def forward(self, length: int | None = None) -> Tensor:
         """The (H, W, W) couplings; ``length`` is accepted for symmetry with the other couplings and unused."""
+        compiling = torch.compiler.is_compiling()  # the compiler folds the tables itself: no cache to trace
         if self.relative:
             table = torch.cat([self.weight.new_zeros(self.weight.shape[0], 1), self.weight], dim=1)
-            return table[:, _slot_distance(self.window, self.weight.device)]
-        upper = self.weight * _upper_triangle(self.window, self.weight.dtype, self.weight.device)
+            distance = (_slot_distance.__wrapped__ if compiling else _slot_distance)(self.window, self.weight.device)
+            return table[:, distance]
+        upper_triangle = _upper_triangle.__wrapped__ if compiling else _upper_triangle
+        upper = self.weight * upper_triangle(self.window, self.weight.dtype, self.weight.device)
         return upper + upper.transpose(-1, -2)
 
 
