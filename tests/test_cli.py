@@ -212,3 +212,21 @@ def test_a_warning_of_the_config_is_said_once(tmp_path, capsys, monkeypatch):
         cli.main(["train", "--task", "brackets", "--T", "4", "--steps", "2", "--d-model", "8", "--d-ff", "8",
                   "--batch-size", "4", "--eval-interval", "2"])
     assert sum("never reaches lr" in str(w.message) for w in caught) == 1
+
+
+def test_reproduce_says_what_its_runs_will_cost_before_it_starts(tmp_path, capsys, monkeypatch):
+    from boltzmann_attention.experiments import studies
+    from boltzmann_attention.experiments import sweep as sweep_module
+
+    tiny = dict(steps=3, batch_size=2, d_model=8, d_ff=8, warmup_steps=0, eval_interval=3)
+    grids = [sweep_module.Grid(("brackets",), (4,), ("softmax", "h"), seeds=(0, 1), overrides=tiny)]
+    message = cli._estimate(grids, tmp_path, jobs=2)
+    assert message.startswith("4 runs to do: about ") and "of their 2 step configurations" in message
+    monkeypatch.setattr(studies, "profile", lambda name, field_bias: grids)
+    monkeypatch.setattr(sweep_module, "sweep", lambda grids, out, jobs=1, dry_run=False: [])
+    monkeypatch.setattr(cli, "_write_report", lambda results, out: out)
+    monkeypatch.setattr(cli, "_estimate", lambda grids, out, jobs: "ESTIMATE")
+    assert cli.main(["reproduce", "--profile", "fair", "--out", str(tmp_path / "r")]) == 0
+    assert "ESTIMATE" in capsys.readouterr().out
+    assert cli.main(["reproduce", "--profile", "fair", "--out", str(tmp_path / "r"), "--no-estimate"]) == 0
+    assert "ESTIMATE" not in capsys.readouterr().out

@@ -131,6 +131,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p_repro.add_argument("--out", help="results folder (default: results/<profile>[-bias-<field bias>][-init-<init>])")
     p_repro.add_argument("--report", help="report folder (default: report/<profile>[-bias-<field bias>][-init-<init>])")
     p_repro.add_argument("--jobs", type=int, default=2, help="parallel processes (default: %(default)s)")
+    p_repro.add_argument("--no-estimate", dest="estimate", action="store_false",
+                         help="start at once, without first timing two training steps of each of the profile's step "
+                              "configurations for a cost estimate (the quick profile never times)")
     return parser, {"train": p_train, "sweep": p_sweep, "report": p_report, "reproduce": p_repro}
 
 
@@ -201,11 +204,42 @@ def _dispatch(args) -> int:
             name += f"-init-{args.init}"
         out = check_output_folder(args.out or f"results/{name}", "results")
         report = check_output_folder(args.report or f"report/{name}", "report")  # both before any run
+        if args.estimate and args.profile != "quick":
+            print(_estimate(grids, out, args.jobs), flush=True)
         start = time.perf_counter()
         names = experiments.sweep(grids, out, jobs=args.jobs)
         print(f"{len(names)} runs in {time.perf_counter() - start:.0f} s -> {out}/runs")
         print(f"report -> {_write_report(out, report)}")
     return 0
+
+
+def _estimate(grids, out: Path, jobs: int) -> str:
+    """The cost of the runs still to do, from two training steps of each distinct step configuration timed now."""
+    import statistics
+
+    import torch
+
+    from . import sweep as experiments
+    from .benchmarks.training import step_key, time_steps
+
+    todo = set(experiments.sweep(grids, out, dry_run=True))
+    runs = {name: cfg for grid in grids for name, cfg in grid.runs() if name in todo}
+    if not runs:
+        return "nothing to run: every run of the profile has a finished result"
+    key = lambda cfg: json.dumps(step_key(cfg), sort_keys=True, default=str)  # noqa: E731
+    timed = {}
+    for name, cfg in runs.items():
+        timed.setdefault(key(cfg), (name, cfg))
+    threads = torch.get_num_threads()
+    try:
+        times = time_steps({name: cfg for name, cfg in timed.values()}, steps=2, rounds=1, warmup=1)
+    finally:
+        torch.set_num_threads(threads)
+    step_s = {k: statistics.median(times[name]) for k, (name, _) in timed.items()}
+    hours = sum(cfg.steps * step_s[key(cfg)] for cfg in runs.values()) / 3600
+    return (f"{len(runs)} runs to do: about {hours:.1f} h of one core, {hours / max(1, jobs):.1f} h with {jobs} "
+            f"job(s), from 2 training steps of each of their {len(timed)} step configurations timed now (steps "
+            "only: evaluations, memory probes and the machine's load add to it; --no-estimate skips this)")
 
 
 def _write_report(results, out) -> Path:
