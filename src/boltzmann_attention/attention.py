@@ -162,6 +162,7 @@ def _attend(query, key, value, couplings, three_body, mode, method, causal_offse
     if mask is not None and mask.is_floating_point():  # SDPA's additive mask: -inf absent, the rest on the field
         mask, additive = mask != float("-inf"), mask
         additive = additive.masked_fill(~mask, 0.0)
+    keys_mask = mask  # without the causal part, which the coupled window builds into its slots
     if causal_offset is not None:  # True where the key takes part
         causal = torch.ones(L, S, dtype=torch.bool, device=query.device).tril(causal_offset)
         mask = causal if mask is None else mask & causal
@@ -189,14 +190,16 @@ def _attend(query, key, value, couplings, three_body, mode, method, causal_offse
         query, key, value = query.to(compute), key.to(compute), value.to(compute)
         out, weights = _boltzmann(query, key, value, _as(couplings, compute), _as(three_body, compute), mode, method,
                                   causal_offset, mask, scale, _as(bias, compute), return_weights, method_options,
-                                  coupling_window, built_couplings)
+                                  coupling_window, built_couplings, keys_mask)
     out = out.to(result_dtype)
     return (out, weights.to(result_dtype)) if return_weights else out
 
 
 def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_offset, mask, scale, bias,
-               return_weights, method_options, coupling_window, built_couplings=False):
-    """The Boltzmann modes of :func:`_attend` in one dtype: (out, weights or None)."""
+               return_weights, method_options, coupling_window, built_couplings=False, keys_mask=None):
+    """The Boltzmann modes of :func:`_attend` in one dtype: (out, weights or None). keys_mask: the mask without
+    its causal part, for the coupled window (whose slots are causal by construction: a causal mask passed to it
+    would send every row through the masked path)."""
     uses_field, _, _ = mode_terms(mode)
     L, S = query.shape[-2], key.shape[-2]
     if uses_field:
@@ -219,8 +222,9 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         return out, (weights.expand(*out.shape[:-1], S) if return_weights else None)
     if coupling_window is not None:
         return coupled_window.window_attention(
-            field, value, couplings, coupling_window, mask, scores=(query, key, scale, bias) if uses_field else None,
-            return_weights=return_weights, offset=causal_offset, check_couplings=False, **method_options)
+            field, value, couplings, coupling_window, keys_mask,
+            scores=(query, key, scale, bias) if uses_field else None, return_weights=return_weights,
+            offset=causal_offset, check_couplings=False, **method_options)
     if mode == "h":
         weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
     else:

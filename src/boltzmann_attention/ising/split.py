@@ -232,15 +232,16 @@ def _contract_backward(saved, grad_m, grad_logz, table_grad: bool, right_grad: b
     c = (grad_logz - (grad_m * m).sum(-1))[..., None]  # g_Z - <f>
     ur, vr = u * r[..., None], v * r[..., None]
     t_vf, t_uf = table.products(u * f_a, v * f_b)  # T (v f_b) and T^T (u f_a)
+    ur_fc = ur * (f_a + c)
     grad_u = pa * (f_a + c) + ur * t_vf
     grad_v = pb * (f_b + c) + vr * t_uf
     grad_left = grad_right = None
-    if table_grad:  # dL/dC = T * (xu @ xv) summed over queries, a rank-2q product read block by block
+    if table_grad:  # dL/dC = T * (xu @ xv) summed over queries, with xu @ xv = (ur (f_a + c))^T v + ur^T (v f_b)
         left, right = table.left, table.right
-        xu = torch.cat([ur * (f_a + c), ur], dim=1).transpose(-1, -2)   # (G, 2^a, 2q)
-        xv = torch.cat([v, v * f_b], dim=1)                             # (G, 2q, 2^b)
+        xu1, xu2 = ur_fc.transpose(-1, -2), ur.transpose(-1, -2)  # (G, 2^a, q) each: no concatenated copy
+        v_fb = v * f_b
         if table.kept is not None:
-            block = (xu @ xv).mul_(next(iter(table))[2])
+            block = torch.baddbmm(xu1 @ v, xu2, v_fb).mul_(next(iter(table))[2])
             grad_left = block @ right
             grad_right = block.transpose(-1, -2) @ left if right_grad else None
         else:
@@ -248,7 +249,8 @@ def _contract_backward(saved, grad_m, grad_logz, table_grad: bool, right_grad: b
             grad_right = torch.zeros_like(right) if right_grad else None
             work = torch.empty_like(table.buffer)
             for g, rr, block in table:
-                block = torch.matmul(xu[g, rr], xv[g], out=work[:rr.stop - rr.start]).mul_(block)
+                out = torch.matmul(xu1[g, rr], v[g], out=work[:rr.stop - rr.start])
+                block = out.addmm_(xu2[g, rr], v_fb[g]).mul_(block)
                 grad_left[g, rr] = block @ right[g]
                 if right_grad:
                     grad_right[g].addmm_(block.T, left[g, rr])
