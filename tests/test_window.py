@@ -327,3 +327,15 @@ def test_window_size_of_any_integral_type():
     for bad in (True, 3.0, torch.tensor(3)):
         with pytest.raises(ValueError, match="coupling_window must be an integer >= 1"):
             boltzmann_attention(q, k, v, couplings=J, coupling_window=bad, is_causal=True)
+
+
+def test_full_windows_differentiate_twice_against_the_reference():
+    """The full windows' contraction is plain tensor operations: first and second derivatives both match."""
+    from boltzmann_attention.ising import reference, window
+
+    g = torch.Generator().manual_seed(11)
+    h = torch.randn(2, 3, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    W = 0.4 * torch.randn(2, 4, 4, dtype=torch.float64, generator=g)
+    J = (W.triu(1) + W.triu(1).transpose(-1, -2)).requires_grad_()
+    torch.testing.assert_close(window.marginals(h, J[:, None]), reference.marginals(h, J[:, None], None, None))
+    assert torch.autograd.gradgradcheck(lambda h, J: window.marginals(h, J[:, None]), (h, J))
