@@ -54,32 +54,28 @@ def test_alibi_and_slot_bias_by_loops():
                 assert slot[h, r, j] == (module.weight[h, i - j] if 0 <= i - j < W else 0.0)
 
 
-def _naive_fox(q, k, v, log_f, scale, prior=None):
+def _queries(q, k):
+    """(b, h, r, i): every query row r of q (B, H, L, E) and its position i = S - L + r among S keys."""
     B, H, L, _ = q.shape
-    S = k.shape[-2]
-    out = torch.zeros(B, H, L, v.shape[-1], dtype=D)
-    for b in range(B):
-        for h in range(H):
-            for r in range(L):
-                i = S - L + r
-                logits = torch.stack([q[b, h, r] @ k[b, h, j] * scale + log_f[b, h, j + 1:i + 1].sum()
-                                      + (0.0 if prior is None else prior[h, r, j]) for j in range(i + 1)])
-                out[b, h, r] = torch.softmax(logits, 0) @ v[b, h, :i + 1]
+    return ((b, h, r, k.shape[-2] - L + r) for b in range(B) for h in range(H) for r in range(L))
+
+
+def _naive_fox(q, k, v, log_f, scale, prior=None):
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=D)
+    for b, h, r, i in _queries(q, k):
+        logits = torch.stack([q[b, h, r] @ k[b, h, j] * scale + log_f[b, h, j + 1:i + 1].sum()
+                              + (0.0 if prior is None else prior[h, r, j]) for j in range(i + 1)])
+        out[b, h, r] = torch.softmax(logits, 0) @ v[b, h, :i + 1]
     return out
 
 
 def _naive_stickbreaking(q, k, v, scale, attend_current, prior=None):
-    B, H, L, _ = q.shape
-    S = k.shape[-2]
-    out = torch.zeros(B, H, L, v.shape[-1], dtype=D)
-    for b in range(B):
-        for h in range(H):
-            for r in range(L):
-                last = S - L + r if attend_current else S - L + r - 1  # the nearest key that takes part
-                beta = torch.sigmoid(q[b, h, r] @ k[b, h].T * scale + (0.0 if prior is None else prior[h, r]))
-                for j in range(last + 1):
-                    a = beta[j] * math.prod(1 - beta[m] for m in range(j + 1, last + 1))
-                    out[b, h, r] += a * v[b, h, j]
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=D)
+    for b, h, r, i in _queries(q, k):
+        last = i if attend_current else i - 1  # the nearest key that takes part
+        beta = torch.sigmoid(q[b, h, r] @ k[b, h].T * scale + (0.0 if prior is None else prior[h, r]))
+        for j in range(last + 1):
+            out[b, h, r] += beta[j] * math.prod(1 - beta[m] for m in range(j + 1, last + 1)) * v[b, h, j]
     return out
 
 
