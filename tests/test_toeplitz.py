@@ -186,3 +186,12 @@ def test_causal_marginals_refuses_bad_chunks(chunks):
     h = torch.zeros(4, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="chunks"):
         toeplitz.causal_marginals(h, toeplitz.Toeplitz(torch.zeros(1, dtype=torch.float64)), chunks=chunks)
+
+
+@pytest.mark.parametrize("method", ["meanfield", "exact", "banded"])
+def test_a_toeplitz_operator_given_to_ising_marginals_names_its_entry_points(method):
+    from boltzmann_attention import ising
+
+    h = torch.zeros(2, 5, dtype=torch.float64)
+    with pytest.raises(ValueError, match="Toeplitz operator: solve it with ising.toeplitz.solve"):
+        ising.marginals(h, toeplitz.Toeplitz(torch.full((2,), 0.1, dtype=torch.float64)), method=method)

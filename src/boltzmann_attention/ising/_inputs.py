@@ -40,6 +40,10 @@ def check_inputs(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | N
     _check_finite("h", h)
     batch = h.shape[:-1]
     if J is not None:
+        if type(J).__name__ == "Toeplitz":  # the banded operator of relative couplings: its own entry points
+            raise ValueError("J is a Toeplitz operator: solve it with ising.toeplitz.solve (mean field, tap=True "
+                             "for TAP), or pass it to boltzmann_attention with method 'meanfield' or 'tap'; "
+                             "the other methods take the dense J, Toeplitz.dense(n)")
         if not isinstance(J, Tensor) or J.dtype != h.dtype:
             raise ValueError(f"J must be a tensor of h's dtype {h.dtype}")
         if J.dim() < 2 or J.shape[-2:] != (n, n):
