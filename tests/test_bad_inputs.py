@@ -440,7 +440,8 @@ def _method_cases(method: str) -> None:
     # every field huge: all spins frozen. (A huge field next to an O(1) one is beyond float64's resolution of
     # E itself, for the reference too: 1e30 + 3 == 1e30.)
     huge = torch.tensor([[1e30, -1e30, 2e29, -5e29]], dtype=DT)
-    case(p + "huge finite fields", call(h=huge), result(h=huge))
+    case(p + "huge finite fields", call(h=huge),  # DQA's phases of 1e30 rad would be noise: refused
+         Raises("problem phases reach") if method == "dqa" else result(h=huge))
     case(p + "h int", call(h=h.long()), Raises("h must be a floating-point tensor"))
     case(p + "h bool", call(h=h > 0), Raises("h must be a floating-point tensor"))
     case(p + "h list", call(h=h.tolist()), Raises("h must be a floating-point tensor"))

@@ -276,6 +276,7 @@ def _simulate_present(h: Tensor, J: Tensor | None, anneal_time_ns: float, trotte
     for start in range(0, N, chunk):
         Jc = J if J is None or J.shape[0] == 1 else J[start:start + chunk]
         energy = float(energy_scale) * _problem_diagonal(h[start:start + chunk], Jc, spins)
+        _check_phases(energy, dt, b_ghz)
         psi = torch.full(energy.shape, 1.0 / math.sqrt(C), dtype=torch.complex128, device=h.device)
         for step, (a, b) in enumerate(zip(a_ghz, b_ghz)):
             angle = energy * (-TWO_PI * dt * b / 2.0)  # problem phase, radians
@@ -285,6 +286,25 @@ def _simulate_present(h: Tensor, J: Tensor | None, anneal_time_ns: float, trotte
         out.append(psi.abs().square())
     probabilities = torch.cat(out)
     return probabilities / probabilities.sum(-1, keepdim=True)
+
+
+PHASE_TOLERANCE = 1e-6  # largest accumulated rounding of the problem phases accepted, radians
+
+
+def _check_phases(energy: Tensor, dt: float, b_ghz) -> None:
+    """ValueError when the problem phases, summed over the steps, reach values whose float64 cos and sin are off
+    by more than PHASE_TOLERANCE (each phase is rounded to its magnitude times float64's epsilon): the
+    simulated state would be noise, not the anneal."""
+    if energy.numel() == 0:
+        return
+    total = float(energy.detach().abs().max()) * TWO_PI * dt * float(np.sum(np.abs(b_ghz))) / 2.0
+    if total * torch.finfo(torch.float64).eps > PHASE_TOLERANCE:
+        raise ValueError(
+            f"DQA's problem phases reach {total:.3g} radians over the anneal, beyond what float64 resolves "
+            f"(phase rounding {total * torch.finfo(torch.float64).eps:.2g} rad > {PHASE_TOLERANCE:g}): the "
+            "simulated state would be noise. Lower energy_scale (target_beta=1.0 uses the calibrated scale) or "
+            "the fields and couplings; an anneal of energies this large keeps only its ground states, which "
+            "method 'exact' gives.")
 
 
 def _flatten(h: Tensor, J: Tensor | None, mask: Tensor | None):
