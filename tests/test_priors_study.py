@@ -77,7 +77,8 @@ def test_report_on_stage_1_runs(tmp_path):
                       **priors.overrides(arm, lr))
     res = Results(load_runs(tmp_path))
     assert priors.owns(res)
-    decided = priors.decide_learning_rates(res, RECORDED)
+    fresh = priors.Decisions()  # the rule on these runs alone, whatever decisions.json holds now
+    decided = priors.decide_learning_rates(res, fresh)
     assert decided["h-slot16"] == (3e-3, 1e-2)  # best at the edge: the rule adds 1e-2
-    lines = "\n".join(priors.report(res, studies.context(priors, tmp_path, tmp_path / "out")))
+    lines = "\n".join(priors.report(res, studies.context(priors, tmp_path, tmp_path / "out", decisions=fresh)))
     assert "Stage 1" in lines and "window16-slot16" in lines and "**0.003**" in lines
