@@ -108,3 +108,15 @@ def test_parallel_children_get_their_thread_count_before_torch_starts(monkeypatc
     assert seen["jobs"] == 2 and seen["threads"] == {1}
     assert seen["env"] == {k: "1" for k in sweep_module.THREAD_VARIABLES}
     assert "OMP_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "7"
+
+
+def test_a_finished_run_keeps_its_trained_model_and_it_gives_the_recorded_loss(tmp_path):
+    from boltzmann_attention.experiments.train import load_final
+
+    grid = Grid(("shakespeare",), (8,), modes=("h",), seeds=(0,), overrides=TINY)
+    (name,) = [run_name(cfg) for _, cfg in grid.runs()]
+    assert sweep([grid], tmp_path) == [name]
+    assert not (tmp_path / "checkpoints" / f"{name}.pt").exists()
+    task, model = load_final(tmp_path / "final" / f"{name}.pt")
+    recorded = json.loads((tmp_path / "runs" / f"{name}.json").read_text())["metrics"]["val"]
+    assert task.evaluate(model) == pytest.approx(recorded, rel=1e-6)

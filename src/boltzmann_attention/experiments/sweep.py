@@ -2,7 +2,8 @@
 
 A run is named by its grid point (``shakespeare-T8-h+J-exact-base-s0``). Its result is written atomically to
 ``<out>/runs/<name>.json`` and its checkpoint to ``<out>/checkpoints/<name>.pt``; a sweep skips runs whose
-result exists and resumes a killed run from its checkpoint, so nothing finished is lost.
+result exists and resumes a killed run from its checkpoint, so nothing finished is lost. A finished run's last
+checkpoint is kept as ``<out>/final/<name>.pt`` (the trained model, for analyses after the run: ``train.load_final``).
 
 The grids of each study (the paper's profiles, the fair baselines, ...) live in ``studies/``; the command line
 resolves a profile's grids there and hands them to :func:`sweep`.
@@ -131,7 +132,10 @@ def _run_one(args) -> tuple[str, str | None]:
         return name, f"{type(e).__name__}: {e}"
     result.update(run=name, variant=variant)
     write_result(result, out / "runs" / f"{name}.json")
-    checkpoint.unlink(missing_ok=True)
+    final = out / "final" / f"{name}.pt"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if checkpoint.exists():
+        os.replace(checkpoint, final)
     return name, None
 
 

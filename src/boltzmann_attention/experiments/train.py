@@ -57,7 +57,8 @@ from .config import COUPLINGS, LEGACY, TASKS, TrainConfig, _integer
 from .model import Model, ModelConfig, loss_fn
 
 __all__ = ["COUPLINGS", "LEGACY", "TASKS", "TrainConfig", "train", "setup_run", "train_step", "build_optimizer",
-           "write_result", "read_checkpoint", "default_checkpoint", "default_threads", "memory_probe", "model_config"]
+           "write_result", "read_checkpoint", "load_final", "default_checkpoint", "default_threads", "memory_probe",
+           "model_config"]
 CHECKPOINT_FORMAT = 2
 _MAGIC = b"boltzmann-attention checkpoint 2\n"  # then 64 hex digits of sha256(payload), a newline, the payload
 
@@ -483,6 +484,17 @@ def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     """The model of ``cfg`` for a vocabulary: its window T, architecture, attention, and the task's head."""
     return ModelConfig(vocab_size=vocab_size, max_len=cfg.data.T, arch=cfg.model, attention=cfg.attention,
                        head="lm" if cfg.data.task == "shakespeare" else "position")
+
+
+def load_final(path: str | Path) -> tuple[Task, Model]:
+    """The task and the trained model of a checkpoint (a sweep keeps each finished run's as
+    ``<out>/final/<name>.pt``), in eval mode."""
+    state = read_checkpoint(path)
+    cfg = TrainConfig.from_dict(state["config"])
+    task = Task(cfg)
+    model = Model(model_config(cfg, task.vocab_size))
+    model.load_state_dict(state["model"])
+    return task, model.eval()
 
 
 def setup_run(cfg: TrainConfig, rank: int = 0):
