@@ -339,3 +339,29 @@ def test_full_windows_differentiate_twice_against_the_reference():
     J = (W.triu(1) + W.triu(1).transpose(-1, -2)).requires_grad_()
     torch.testing.assert_close(window.marginals(h, J[:, None]), reference.marginals(h, J[:, None], None, None))
     assert torch.autograd.gradgradcheck(lambda h, J: window.marginals(h, J[:, None]), (h, J))
+
+
+@pytest.mark.parametrize("L,S,offset", [(7, 7, 0), (3, 9, 6), (2, 2, 0)])
+def test_slot_field_is_the_couplings_log_odds_when_no_other_key_is_attended(L, S, offset):
+    """2 x slot_field at window key i - a is log p(s_a = +1) - log p(s_a = -1) with every other slot of the
+    query's window at s = -1 and no field: read from the energy of those two states, slot by slot."""
+    from boltzmann_attention.coupled_window import slot_field
+
+    W, H = 4, 2
+    J = symmetric_couplings(W, H, scale=0.7, generator=torch.Generator().manual_seed(3))
+    got = slot_field(J, L, S, offset)
+    for head, r in np.ndindex(H, L):
+        i = r + offset
+        slots = [a for a in range(W) if i - a >= 0]
+        for j in range(S):
+            a = i - j
+            if a not in slots:
+                assert got[head, r, j] == 0
+                continue
+            s = -torch.ones(len(slots), dtype=torch.float64)
+            minus_energy = []
+            for spin in (1.0, -1.0):
+                s[slots.index(a)] = spin
+                Jw = J[head][slots][:, slots].double()
+                minus_energy.append(float(s @ Jw @ s / 2))
+            assert 2 * float(got[head, r, j]) == pytest.approx(minus_energy[0] - minus_energy[1], abs=1e-12)

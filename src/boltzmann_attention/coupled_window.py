@@ -30,7 +30,7 @@ from .ising import opaque
 from .ising import window as window_ising
 from .ising._inputs import check_int
 
-__all__ = ["WindowCouplings", "band_index", "band_scores", "band_times_value", "window_attention"]
+__all__ = ["WindowCouplings", "band_index", "band_scores", "band_times_value", "slot_field", "window_attention"]
 
 
 def band_index(L: int, S: int, window: int, device=None, offset: int = 0) -> tuple[Tensor, Tensor]:
@@ -38,6 +38,23 @@ def band_index(L: int, S: int, window: int, device=None, offset: int = 0) -> tup
     whether it is a key (L, W). offset 0: SDPA's top-left causal alignment; S - L: bottom-right."""
     index = torch.arange(L, device=device)[:, None] + offset - torch.arange(window, device=device)[None, :]
     return index.clamp(0, max(S - 1, 0)), (index >= 0) & (index < S)
+
+
+def slot_field(couplings: Tensor, L: int, S: int, offset: int = 0) -> Tensor:
+    """The part of the window couplings that acts as a fixed field per slot: (H, L, S), at window key j = i - a
+    of query row r (position i = r + offset) -R_a = -sum_b J_ab over the slots b whose key exists (i - b >= 0),
+    0 elsewhere.
+
+    With n = (1 + s) / 2 ("key attended"), the log-odds that window key i - a is attended, given the others,
+    is 2 (h_a - R_a) + 4 sum_b J_ab n_b: a per-slot field, which a learned relative-position bias can also
+    give, and the co-attention term, which acts only through keys that are attended. Dropping the latter
+    leaves the field-only approximation a = sigmoid(2 (h + slot_field)).
+    """
+    H, W = couplings.shape[0], couplings.shape[-1]
+    index, valid = band_index(L, S, W, couplings.device, offset)                 # (L, W): key of slot a, exists
+    R = torch.einsum("hab,lb->hla", couplings, valid.to(couplings.dtype))       # (H, L, W): R_a over present b
+    out = couplings.new_zeros(H, L, S)  # scatter_add: absent slots (clamped onto key 0) add 0
+    return out.scatter_add(-1, index.expand(H, L, W), -R * valid)
 
 
 def _cached(fn, *args):

@@ -52,6 +52,7 @@ from ..attention import BoltzmannAttention, parameter_groups
 from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
 from ..ising.meanfield import ConvergenceWarning
 from ..provenance import machine_info
+from . import coattention
 from . import data as datasets
 from .config import COUPLINGS, LEGACY, TASKS, TrainConfig, _integer
 from .model import Model, ModelConfig, loss_fn
@@ -417,6 +418,10 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     if any(layers):
         result["layers"] = layers  # every layer's couplings, field and slot biases
         result.update({k: layers[0][k] for k in ("couplings", "field_bias") if k in layers[0]})  # layer 0, as before
+    if cfg.data.task == "shakespeare":  # the window couplings' per-slot field against their co-attention
+        split = coattention.decompose(model, task)
+        if split is not None:
+            result["coattention"] = split
     if distributed:
         dist.barrier()
     return result if rank == 0 else None
