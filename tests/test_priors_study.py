@@ -37,8 +37,13 @@ def test_later_stages_appear_only_once_decided():
     best = {a.name: 3e-3 for a in priors.ARMS}
     d = dataclasses.replace(RECORDED, best_lr=best)
     names = [n for n, _ in _runs(d)]
-    assert not any("T256" in n for n in names)
-    assert sum("-s1" in n for n in names) == len(priors.ARMS)  # stage 2's seeds 1 and 2
+    assert sum("-s1" in n and "T64" in n for n in names) == len(priors.ARMS)  # stage 2's seeds 1 and 2
+    # stage 3's arms that need no choice of stage 2 start as soon as their stage-1 lr is decided: the decisive
+    # pair's lr check and window8-slot8's seeds
+    long = sorted(n.split("-pr-")[1] for n in names if "T256" in n)
+    assert long == sorted([f"{a}-lr{lr}-b12-steps2000-s0" for a in priors.DECISIVE for lr in ("0.001", "0.003", "0.01")]
+                          + [f"window8-slot8-lr0.003-b12-steps2000-s{s}" for s in priors.SEEDS])
+    assert not any("T256" in n for n in (n for n, _ in _runs(dataclasses.replace(d, best_lr={}))))
     d = dataclasses.replace(d, softmax_position="rope", best_uncoupled="h-slot16")
     names = [n for n, _ in _runs(d)]
     assert any("pr-window16-rope-lr0.0003-s0" in n for n in names)  # the window at softmax's position: stage 1

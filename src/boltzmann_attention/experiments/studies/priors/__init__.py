@@ -138,12 +138,13 @@ def arm_learning_rates(arm: str, d: Decisions) -> tuple[float, ...]:
 
 
 def long_arms(d: Decisions) -> tuple[str, ...]:
-    """Stage 3's arms, once stage 2 is decided: the decisive pair, window8-slot8, the best uncoupled arm and
-    the best softmax variant (each once)."""
-    if d.best_uncoupled is None or d.softmax_position is None:
-        return ()
-    softmax = next(a for a, p in SOFTMAX_POSITIONS.items() if p == d.softmax_position)
-    return tuple(dict.fromkeys((*DECISIVE, "window8-slot8", d.best_uncoupled, softmax)))
+    """Stage 3's arms (each once): the decisive pair and window8-slot8, which need no choice of stage 2, and
+    the best uncoupled arm and the best softmax variant once stage 2 has chosen them."""
+    chosen = ()
+    if d.best_uncoupled is not None and d.softmax_position is not None:
+        softmax = next(a for a, p in SOFTMAX_POSITIONS.items() if p == d.softmax_position)
+        chosen = (d.best_uncoupled, softmax)
+    return tuple(dict.fromkeys((*DECISIVE, "window8-slot8", *chosen)))
 
 
 def priors_grids(field_bias: str, d: Decisions) -> list[Grid]:
@@ -155,6 +156,8 @@ def priors_grids(field_bias: str, d: Decisions) -> list[Grid]:
     for name in long_arms(d):
         if name in {a.name for a in REUSED}:
             continue  # the real-size study ran softmax and h at T = 256 (3 seeds)
+        if name not in d.best_lr:
+            continue  # its stage-1 lr is not decided yet
         lr = d.long_lr.get(name, d.best_lr.get(name, REALSIZE_LR))
         if name in DECISIVE:  # stage 3's lr check: seed 0 at the stage-1 lr and one step either side
             base = d.best_lr.get(name)
