@@ -196,6 +196,8 @@ def _load_run(path: Path, text: str) -> Run:
 
 # ---------------------------------------------------------------------------------------------- grouping
 
+NO_MEASURES = {"loss": {}, "step_s": {}, "peak_mib": {}, "steps_mib": {}}  # Group.measures of no runs
+
 @dataclass
 class Group:
     """The runs of one grid point over seeds."""
@@ -215,6 +217,17 @@ class Group:
             if isinstance(v, (int, float)) and math.isfinite(v):
                 out[seed] = float(v)
         return out
+
+    def measures(self) -> dict[str, dict[int, float]]:
+        """Per seed: the validation loss ("loss"), the seconds per training step ("step_s": the run's wall time,
+        which sums every segment of a resumed run and includes its evaluations, over its configured steps;
+        ``steps_run`` counts only the last segment), and the memory probe's peak RSS and steps' memory in MiB
+        ("peak_mib", "steps_mib") where recorded."""
+        memory = {s: r.raw.get("memory") or {} for s, r in self.runs.items()}
+        return {"loss": self.values("loss"),
+                "step_s": {s: r.wall_time_s / r.config["steps"] for s, r in self.runs.items()},
+                "peak_mib": {s: m["peak_rss_mib"] for s, m in memory.items() if m.get("peak_rss_mib") is not None},
+                "steps_mib": {s: m["steps_mib"] for s, m in memory.items() if m.get("steps_mib") is not None}}
 
     def couplings(self) -> dict[int, np.ndarray]:
         """seed -> J of head 0, (T, T)."""

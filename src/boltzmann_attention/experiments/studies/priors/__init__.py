@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from ... import lr_rule
+from ... import coattention, lr_rule
 from ...recipes import NANOGPT, NANOGPT_T
 from ...report import ReportContext, archive_runs, header_section, lr_decision_notes, protocol_sections
-from ...results import Results
+from ...results import NO_MEASURES, Results
 from ...stats import millinats, paired, stat
 from ...sweep import Grid, beyond
-from ...tables import fmt_num, fmt_stat, md_table, table_with_holm
+from ...tables import fmt_interval, fmt_num, fmt_stat, md_table, table_with_holm
 
 
 @dataclass(frozen=True)
@@ -139,11 +140,13 @@ def arm_learning_rates(arm: str, d: Decisions) -> tuple[float, ...]:
 
 def long_arms(d: Decisions) -> tuple[str, ...]:
     """Stage 3's arms (each once): the decisive pair and window8-slot8, which need no choice of stage 2, and
-    the best uncoupled arm and the best softmax variant once stage 2 has chosen them."""
+    the best uncoupled arm, the best softmax variant and the best coupled arm once stage 2 has chosen them."""
     chosen = ()
     if d.best_uncoupled is not None and d.softmax_position is not None:
         softmax = next(a for a, p in SOFTMAX_POSITIONS.items() if p == d.softmax_position)
         chosen = (d.best_uncoupled, softmax)
+    if d.best_coupled is not None:  # stage 4 compares against its stage-3 runs
+        chosen += (d.best_coupled,)
     return tuple(dict.fromkeys((*DECISIVE, "window8-slot8", *chosen)))
 
 
@@ -182,6 +185,15 @@ HELP = {"priors": "the coupled window against position priors (RoPE, ALiBi, slot
 
 # ---------------------------------------------------------------------------------------------------- report
 
+def lr_at(name: str, d: Decisions, T: int = NANOGPT_T) -> float | None:
+    """The lr an arm runs at in stages 2-4 (the reused arms at the real-size lr); None until decided."""
+    if name in {a.name for a in REUSED}:
+        return REALSIZE_LR
+    if T != NANOGPT_T and name in d.long_lr:
+        return d.long_lr[name]
+    return d.best_lr.get(name)
+
+
 def owns(res: Results) -> bool:
     """True when every run is of this study's variants."""
     return bool(res.all_runs) and all(r.variant.startswith(PREFIX) for r in res.all_runs)
@@ -194,12 +206,14 @@ def _with_reused(res: Results, context: ReportContext) -> Results:
     return Results(list(res.all_runs) + (list(found.all_runs) if found else []))
 
 
+def _group(res: Results, arm: Arm, lr: float, T: int = NANOGPT_T, steps: int | None = None):
+    return res.get("shakespeare", variant(arm.name, lr, T, steps), T, arm.mode, arm.method)
+
+
 def per_seed(res: Results, arm: Arm, lr: float, T: int = NANOGPT_T, steps: int | None = None) -> dict:
-    """Per seed: validation loss and seconds per step (wall time over configured steps, evaluations included)."""
-    g = res.get("shakespeare", variant(arm.name, lr, T, steps), T, arm.mode, arm.method)
-    if g is None:
-        return {"loss": {}, "step_s": {}}
-    return {"loss": g.values("loss"), "step_s": {s: r.wall_time_s / r.config["steps"] for s, r in g.runs.items()}}
+    """Per seed: validation loss, seconds per step and memory (:meth:`...results.Group.measures`)."""
+    g = _group(res, arm, lr, T, steps)
+    return dict(NO_MEASURES) if g is None else g.measures()
 
 
 def decide_learning_rates(res: Results, d: Decisions) -> dict[str, tuple[float | None, float | None]]:
@@ -212,6 +226,25 @@ def decide_learning_rates(res: Results, d: Decisions) -> dict[str, tuple[float |
 
     return lr_rule.decide(list(arms), lambda arm: arm_learning_rates(arm, d), losses_of, d.diverged, NEAR_TIE,
                           NANOGPT_LR)
+
+
+def long_learning_rates(name: str, d: Decisions) -> tuple[float, ...]:
+    """Stage 3's lr check of a decisive arm: its stage-1 lr and one half-decade step either side."""
+    base = d.best_lr[name]
+    return beyond(base, up=False), base, beyond(base, up=True)
+
+
+def decide_long_lr(res: Results, d: Decisions) -> dict[str, float]:
+    """Stage 3's rule: per decisive arm whose three seed-0 runs at T = 256 are there, the stage-1 rule's lr
+    among them (no edge extension)."""
+    arms, out = all_arms(d), {}
+    for name in DECISIVE:
+        if name not in d.best_lr:
+            continue
+        losses = {lr: per_seed(res, arms[name], lr, LONG_T)["loss"].get(0) for lr in long_learning_rates(name, d)}
+        if all(v is not None for v in losses.values()):
+            out[name] = lr_rule.choose_lr(losses, NEAR_TIE, NANOGPT_LR)
+    return out
 
 
 def choose_arm(found: dict[str, dict]) -> str | None:
@@ -228,31 +261,60 @@ def choose_arm(found: dict[str, dict]) -> str | None:
 
 def stage2(res: Results, d: Decisions) -> dict[str, dict]:
     """Every arm at its decided lr at T = 64 (the reused ones at the real-size lr), as per_seed."""
-    lrs = {a.name: REALSIZE_LR for a in REUSED} | d.best_lr
+    found = {name: per_seed(res, arm, lr_at(name, d)) for name, arm in all_arms(d).items()
+             if lr_at(name, d) is not None}
+    return {name: f for name, f in found.items() if f["loss"]}
+
+
+def stage3(res: Results, d: Decisions) -> dict[str, dict]:
+    """Stage 3's arms at T = 256 at their lr (the decisive pair's once LONG_LR is decided), and softmax and h
+    (the real-size runs), as per_seed."""
     arms = all_arms(d)
-    found = {name: per_seed(res, arms[name], lr) for name, lr in lrs.items() if name in arms}
+    names = [n for n in ("softmax", "h", *long_arms(d)) if n not in DECISIVE or n in d.long_lr]
+    found = {n: per_seed(res, arms[n], lr_at(n, d, LONG_T), LONG_T) for n in dict.fromkeys(names)
+             if lr_at(n, d, LONG_T) is not None}
     return {name: f for name, f in found.items() if f["loss"]}
 
 
 def stage2_choices(found: dict[str, dict], d: Decisions) -> dict[str, str | None]:
     """The three choices of stage 2's rule from its runs (None until their arms are complete)."""
     arms = all_arms(d)
-    pick = lambda names: choose_arm({n: found.get(n, {"loss": {}, "step_s": {}}) for n in names})  # noqa: E731
+    pick = lambda names: choose_arm({n: found.get(n, NO_MEASURES) for n in names})  # noqa: E731
     softmax = pick(SOFTMAX_POSITIONS)
     return {"softmax_position": SOFTMAX_POSITIONS.get(softmax) if softmax else None,
             "best_uncoupled": pick([n for n, a in arms.items() if not a.coupled]),
             "best_coupled": pick([n for n, a in arms.items() if a.coupled])}
 
 
+def decide_equal_compute_steps(res: Results, d: Decisions) -> int | None:
+    """Stage 4's rule: round(LONG_STEPS x the best coupled arm's mean wall time per run / the best uncoupled
+    arm's, both over their stage-3 seeds); None until both have every seed."""
+    if d.best_coupled is None or d.best_uncoupled is None:
+        return None
+    found = stage3(res, d)
+    walls = []
+    for name in (d.best_coupled, d.best_uncoupled):
+        seeds = LONG_SEEDS if name in DECISIVE else SEEDS
+        step_s = found.get(name, NO_MEASURES)["step_s"]
+        if not all(s in step_s for s in seeds):
+            return None
+        walls.append(statistics.mean(step_s[s] for s in seeds))  # steps are LONG_STEPS in each
+    return round(LONG_STEPS * walls[0] / walls[1])
+
+
 def report(res: Results, context: ReportContext) -> list[str]:
-    """Header, protocol, stage 1's learning rates, stage 2's comparisons and choices."""
+    """Header, protocol, the stages' tables and choices, what the couplings add, and their decomposition."""
     d = context.decisions
     own = res
     res = _with_reused(res, context)
     lines = header_section(own, context.results_dir)
     lines += [protocol_sections(context.protocol)[""], ""]
     lines += learning_rate_section(res, d)
-    lines += stage2_section(res, d)
+    lines += comparison_section(res, d, NANOGPT_T, context.out)
+    lines += long_lr_section(res, d)
+    lines += comparison_section(res, d, LONG_T, context.out)
+    lines += what_couplings_add(res, d)
+    lines += coattention_section(res, d)
     return lines
 
 
@@ -271,30 +333,198 @@ def learning_rate_section(res: Results, d: Decisions) -> list[str]:
     return lines + [notes, ""]
 
 
-def stage2_section(res: Results, d: Decisions) -> list[str]:
-    found = stage2(res, d)
+TWIN = {"window16-slot16": "h-slot16", "window8-slot8": "h-slot16", "window16": "h"}  # the same slots, no J
+
+
+def comparison_section(res: Results, d: Decisions, T: int, out: Path) -> list[str]:
+    """Stage 2 (T = 64) or 3 (T = 256): per arm its validation loss, paired differences to softmax and to its
+    uncoupled twin, step time and memory, the plot, and (stage 2) the choices of its rule."""
+    found = stage2(res, d) if T == NANOGPT_T else stage3(res, d)
     if not found:
         return []
-    soft = found.get("softmax", {"loss": {}})["loss"]
+    soft = found.get("softmax", NO_MEASURES)["loss"]
     soft_step = statistics.mean(found["softmax"]["step_s"].values()) if "softmax" in found else None
-    twin = {"window16-slot16": "h-slot16", "window8-slot8": "h-slot16", "window16": "h"}
     cells = []
     for name, f in found.items():
         step = statistics.mean(f["step_s"].values())
-        ref = found.get(twin.get(name, ""), {"loss": {}})["loss"]
-        cells.append([name, fmt_stat(stat(f["loss"].values()), digits=4),
+        ref = found.get(TWIN.get(name, ""), NO_MEASURES)["loss"]
+        cells.append([name, f"{lr_at(name, d, T):g}", fmt_stat(stat(f["loss"].values()), digits=4),
                       paired(soft, f["loss"], millinats) if name != "softmax" and soft else None,
-                      paired(ref, f["loss"], millinats) if name in twin and ref else None,
-                      fmt_num(1000 * step, 0), fmt_num(step / soft_step, 1) if soft_step else ""])
-    lines = [f"## Stage 2: T = {NANOGPT_T}, every arm at its lr", "",
-             "Validation loss (nats per character), mean ± std over seeds (n); differences in millinats, paired "
-             "over seeds, mean [95% interval], positive = lower loss than the reference; `*` p < 0.05, `**` also "
-             "after Holm over the column. The twin: the same slots without couplings (window16-slot16 and "
-             "window8-slot8 against h-slot16, window16 against h).", "",
-             table_with_holm(["arm", "validation loss", "vs softmax, Δ mnats", "vs its uncoupled twin, Δ mnats",
-                              "ms per step", "x softmax"], cells, {2: "softmax", 3: "twin"}), ""]
-    choices = stage2_choices(found, d)
-    lines += ["Stage 2's choices by its rule (protocol.md): "
-              + "; ".join(f"{k.replace('_', ' ')}: {v or 'not decided (runs missing)'}" for k, v in choices.items())
-              + ".", ""]
+                      paired(ref, f["loss"], millinats) if name in TWIN and ref else None,
+                      fmt_num(1000 * step, 0), fmt_num(step / soft_step, 1) if soft_step else "",
+                      fmt_num(statistics.mean(f["peak_mib"].values()), 0) if f["peak_mib"] else ""])
+    stage = 2 if T == NANOGPT_T else 3
+    where = f"batch {NANOGPT['batch_size']}, {NANOGPT['steps']} steps" if T == NANOGPT_T else \
+        f"batch {LONG_BATCH}, {LONG_STEPS} steps, {LONG_EVAL_WINDOWS} validation windows"
+    png = f"loss_T{T}.png"
+    lines = [f"## Stage {stage}: T = {T}, every arm at its lr", "",
+             f"{where}. Validation loss (nats per character), mean ± std over seeds (n); differences in millinats, "
+             "paired over seeds, mean [95% interval], positive = lower loss than the reference; `*` p < 0.05, `**` "
+             "also after Holm over the column. The twin: the same slots without couplings (window16-slot16 and "
+             "window8-slot8 against h-slot16, window16 against h). ms per step: wall time over steps, evaluations "
+             "included, under the machine's load at the time (two runs at once); peak RSS: the memory probe before "
+             "each run (a fresh process, a few training steps), MiB.", "",
+             table_with_holm(["arm", "lr", "validation loss", "vs softmax, Δ mnats", "vs its uncoupled twin, Δ mnats",
+                              "ms per step", "x softmax", "peak RSS (MiB)"], cells, {3: "softmax", 4: "twin"}), "",
+             f"![validation loss against steps and against wall time, T = {T}]({png})", ""]
+    curves = {name: (all_arms(d)[name], lr_at(name, d, T), None) for name in found}
+    if T != NANOGPT_T and d.equal_compute_steps is not None and d.best_uncoupled is not None:
+        name = d.best_uncoupled
+        curves[f"{name}, {d.equal_compute_steps} steps"] = (all_arms(d)[name], lr_at(name, d, T), d.equal_compute_steps)
+    _plot(res, T, curves, out / png)
+    if T == NANOGPT_T:
+        choices = stage2_choices(found, d)
+        lines += ["Stage 2's choices by its rule (protocol.md): "
+                  + "; ".join(f"{k.replace('_', ' ')}: {v or 'not decided (runs missing)'}" for k, v in choices.items())
+                  + ".", ""]
     return lines
+
+
+def long_lr_section(res: Results, d: Decisions) -> list[str]:
+    """Stage 3's lr check of the decisive pair: seed 0 at T = 256 at three lrs, and the rule's choice."""
+    arms, rows = all_arms(d), []
+    decided = decide_long_lr(res, d)
+    for name in DECISIVE:
+        if name not in d.best_lr:
+            continue
+        for lr in long_learning_rates(name, d):
+            f = per_seed(res, arms[name], lr, LONG_T)
+            if 0 in f["loss"]:
+                mark = f"**{lr:g}**" if decided.get(name) == lr else f"{lr:g}"
+                rows.append([name, mark, f"{f['loss'][0]:.4f}", fmt_num(1000 * f["step_s"][0], 0)])
+    if not rows:
+        return []
+    notes = [f"{name}: the rule picks {lr:g}" + ("" if d.long_lr.get(name) == lr else
+                                                 " (not yet in decisions.json)") for name, lr in decided.items()]
+    return [f"## Stage 3: the decisive pair's lr at T = {LONG_T}", "",
+            "Seed 0 at the stage-1 lr and one half-decade step either side; the stage-1 rule without edge "
+            "extension; bold: its choice (``LONG_LR``).", "",
+            md_table(["arm", "lr", "validation loss", "ms per step"], rows), "", "; ".join(notes) + ".", ""]
+
+
+def what_couplings_add(res: Results, d: Decisions) -> list[str]:
+    """The comparisons the study is for, paired over seeds: the decisive pair and the best coupled arm against
+    the best uncoupled one, at T = 64 and 256 at equal steps, and at equal wall time (stage 4)."""
+    arms = all_arms(d)
+    pairs = [DECISIVE] + ([(d.best_coupled, d.best_uncoupled)] if d.best_coupled and d.best_uncoupled else [])
+    rows = []
+    for coupled, uncoupled in dict.fromkeys(pairs):
+        for T in (NANOGPT_T, LONG_T):
+            lr_c, lr_u = lr_at(coupled, d, T), lr_at(uncoupled, d, T)
+            if T == LONG_T and (coupled in DECISIVE and coupled not in d.long_lr
+                                or uncoupled in DECISIVE and uncoupled not in d.long_lr):
+                continue
+            if lr_c is None or lr_u is None:
+                continue
+            a = per_seed(res, arms[coupled], lr_c, T)["loss"]
+            b = per_seed(res, arms[uncoupled], lr_u, T)["loss"]
+            rows.append([f"{coupled} vs {uncoupled}", f"T = {T}, {LONG_STEPS if T != NANOGPT_T else NANOGPT['steps']}"
+                         " steps each", _difference(b, a)])
+        if d.equal_compute_steps is not None and (coupled, uncoupled) == (d.best_coupled, d.best_uncoupled):
+            a = per_seed(res, arms[coupled], lr_at(coupled, d, LONG_T), LONG_T)["loss"]
+            b = per_seed(res, arms[uncoupled], lr_at(uncoupled, d, LONG_T), LONG_T, d.equal_compute_steps)["loss"]
+            rows.append([f"{coupled} vs {uncoupled}", f"T = {LONG_T}, equal wall time ({uncoupled}: "
+                         f"{d.equal_compute_steps} steps)", _difference(b, a)])
+    rows = [r for r in rows if r[2]]
+    if not rows:
+        return []
+    return ["## What the couplings add", "",
+            "The uncoupled arm's validation loss minus the coupled arm's, in millinats, paired over seeds: mean "
+            "[95% t interval] (n pairs); positive = the coupled arm's loss is lower.", "",
+            md_table(["comparison", "at", "Δ mnats"], rows), ""]
+
+
+def _difference(uncoupled: dict[int, float], coupled: dict[int, float]) -> str:
+    c = paired(uncoupled, coupled, millinats)
+    if c is None:
+        return ""
+    return f"{fmt_interval(c) if c.n >= 2 else fmt_num(c.mean, 1, signed=True)} (n = {c.n})"
+
+
+def coattention_section(res: Results, d: Decisions) -> list[str]:
+    """Per coupled arm of this study and T: the decomposition recorded by training (:mod:`...coattention`),
+    per layer and head over seeds, and the validation loss with the couplings replaced by their per-slot field
+    or removed."""
+    arms = {a.name: a for a in own_arms(d) if a.coupled}
+    weights, losses = [], []
+    for name, arm in arms.items():
+        for T in (NANOGPT_T, LONG_T):
+            lr = lr_at(name, d, T)
+            g = _group(res, arm, lr, T) if lr is not None else None
+            found = {s: r.raw["coattention"] for s, r in (g.runs.items() if g else ()) if r.raw.get("coattention")}
+            if not found:
+                continue
+            for layer in range(len(next(iter(found.values()))["layers"])):
+                per_head = [[x["layers"][layer]["explained"][h] for x in found.values()]
+                            for h in range(len(next(iter(found.values()))["layers"][layer]["explained"]))]
+                weights.append([name, str(T), str(layer), " ".join(_mean_or_dash(v) for v in per_head),
+                                fmt_num(statistics.mean(e for x in found.values()
+                                                        for e in x["layers"][layer]["field_only_error"]), 3),
+                                fmt_num(statistics.mean(e for x in found.values()
+                                                        for e in x["layers"][layer]["coupling_effect"]), 3)])
+            exact = {s: x["loss"]["exact"] for s, x in found.items()}
+            losses.append([name, str(T), fmt_stat(stat(exact.values()), digits=4),
+                           *(_difference({s: x["loss"][v] for s, x in found.items()}, exact)
+                             for v in ("field only", "uncoupled"))])
+    if not weights:
+        return []
+    return ["## The couplings: a per-slot field or co-attention?", "",
+            "Given the other keys, the log-odds that window key i - a is attended is 2 (h_a - R_a) + "
+            "4 sum_b J_ab n_b (R_a = sum_b J_ab): a fixed field per slot, which a position bias can also give, and "
+            "co-attention. Each coupled run is measured after training on the same inputs in three versions: exact; "
+            "field only (the couplings replaced by their per-slot field -R_a); uncoupled (sigmoid attention on the "
+            "same fields). Explained: 1 - sum (a - a_field)^2 / sum (a - a_uncoupled)^2 over the window's keys of "
+            f"{coattention.ANALYSIS_WINDOWS} validation windows, per head, mean over seeds (1: the couplings act as "
+            "a position bias; 0 or below: their effect is co-attention). The real-size window16 runs kept no "
+            "trained model and are not measured.", "",
+            md_table(["arm", "T", "layer", "explained, heads 0-3", "mean |a - a_field|", "mean |a - a_uncoupled|"],
+                     weights), "",
+            "Validation loss of the trained model in each version (the same weights; only the coupled windows "
+            "change): the version's loss minus the exact loss, in millinats, paired over seeds; positive = the "
+            "version's loss is higher, i.e. what the part of the couplings it drops contributes.", "",
+            md_table(["arm", "T", "exact loss", "field only vs exact, Δ mnats", "uncoupled vs exact, Δ mnats"],
+                     losses), ""]
+
+
+def _mean_or_dash(values: list) -> str:
+    values = [v for v in values if v is not None]
+    return f"{statistics.mean(values):.2f}" if values else "-"
+
+
+ARM_COLORS = {"softmax": "black", "h": "tab:orange", "window16": "tab:blue", "window16-slot16": "tab:cyan",
+              "window8-slot8": "tab:purple", "h-slot16": "tab:red", "softmax-rope": "tab:gray",
+              "softmax-alibi": "tab:olive", "softmax-slot16": "tab:pink", "fox": "tab:brown",
+              "stickbreaking": "tab:green", "h-alibi": "gold"}
+
+
+def _plot(res: Results, T: int, curves: dict[str, tuple[Arm, float, int | None]], path: Path) -> None:
+    """Each arm's validation loss (mean over seeds of the evaluations during training) against training steps
+    (left) and against wall time (right: the evaluation's step times the run's mean seconds per step)."""
+    from ...plots import figure, legend, save, title
+
+    fig = figure(9.0, 3.6)
+    ax, wax = fig.subplots(1, 2)
+    for label, (arm, lr, steps) in curves.items():
+        g = _group(res, arm, lr, T, steps)
+        if g is None:
+            continue
+        runs = list(g.runs.values())
+        histories = [{h["step"]: h["loss"] for h in r.raw.get("history", [])} for r in runs]
+        common = sorted(set.intersection(*(set(h) for h in histories)))
+        if not common:
+            continue
+        mean = [statistics.mean(h[s] for h in histories) for s in common]
+        step_s = statistics.mean(r.wall_time_s / r.config["steps"] for r in runs)
+        color = ARM_COLORS.get(arm.name, "tab:gray")
+        style = dict(marker=".", color=color, linestyle="--" if steps else "-")
+        ax.plot(common, mean, label=f"{label} (lr {lr:g})", **style)
+        wax.plot([s * step_s / 60 for s in common], mean, label=label, **style)
+    ax.set_xlabel("training step")
+    wax.set_xlabel("wall time (min, one run at the arm's mean rate)")
+    wax.set_xscale("log")
+    for axis, what in ((ax, "steps"), (wax, "wall time")):
+        axis.set_ylabel("validation loss (nats per character)")
+        axis.tick_params(labelsize=8)
+        title(axis, f"T = {T}: validation loss against {what} (mean over seeds)")
+        legend(axis, fontsize=6)
+    save(fig, path)

@@ -23,7 +23,7 @@ from pathlib import Path
 from ... import lr_rule
 from ...recipes import NANOGPT, NANOGPT_LOSS, NANOGPT_T
 from ...report import ReportContext, header_section, lr_decision_notes, protocol_sections
-from ...results import Results
+from ...results import NO_MEASURES, Results
 from ...stats import millinats, paired, relative, stat
 from ...sweep import Grid, with_field_bias
 from ...tables import fmt_interval, fmt_num, fmt_stat, md_table, table_with_holm
@@ -161,17 +161,9 @@ def _group(res: Results, arm: str, lr: float, T: int = NANOGPT_T):
 
 
 def per_seed(res: Results, arm: str, lr: float, T: int = NANOGPT_T) -> dict[str, dict[int, float]]:
-    """Per seed: the validation loss, the seconds per training step (the run's wall time, which sums every
-    segment of a resumed run and includes its evaluations, over its configured steps: ``steps_run`` counts
-    only the last segment), and the memory probe's peak RSS and steps' memory (MiB) where recorded."""
+    """Per seed: loss, seconds per step and memory (:meth:`...results.Group.measures`)."""
     g = _group(res, arm, lr, T)
-    if g is None:
-        return {"loss": {}, "step_s": {}, "peak_mib": {}, "steps_mib": {}}
-    memory = {s: r.raw.get("memory") or {} for s, r in g.runs.items()}
-    return {"loss": g.values("loss"),
-            "step_s": {s: r.wall_time_s / r.config["steps"] for s, r in g.runs.items()},
-            "peak_mib": {s: m["peak_rss_mib"] for s, m in memory.items() if m.get("peak_rss_mib") is not None},
-            "steps_mib": {s: m["steps_mib"] for s, m in memory.items() if m.get("steps_mib") is not None}}
+    return dict(NO_MEASURES) if g is None else g.measures()
 
 
 def choose_lr(losses: dict[float, float]) -> float | None:
