@@ -87,3 +87,75 @@ def test_report_on_stage_1_runs(tmp_path):
     assert decided["h-slot16"] == (3e-3, 1e-2)  # best at the edge: the rule adds 1e-2
     lines = "\n".join(priors.report(res, studies.context(priors, tmp_path, tmp_path / "out", decisions=fresh)))
     assert "Stage 1" in lines and "window16-slot16" in lines and "**0.003**" in lines
+
+
+def _planted(tmp_path):
+    """Every stage's runs with planted losses and wall times: window16-slot16 20 millinats (+-2 by seed) below
+    h-slot16, 3x its wall time; stickbreaking the best uncoupled arm; softmax-rope the best softmax."""
+    import json
+
+    from test_report import shakespeare_val, write_run
+
+    base = {"softmax-rope": 1.75, "softmax-alibi": 1.80, "softmax-slot16": 1.76, "fox": 1.77, "stickbreaking": 1.70,
+            "h-alibi": 1.81, "h-slot16": 1.764, "window16-slot16": 1.744, "window8-slot8": 1.75,
+            "softmax": 1.78, "h": 1.84, "window16": 1.753}  # the last three: the real-size runs
+    wall = {"window16-slot16": 3000.0, "window8-slot8": 900.0}
+    d = priors.Decisions(best_lr={a.name: 3e-3 for a in priors.ARMS}, softmax_position="rope",
+                         best_uncoupled="stickbreaking", best_coupled="window16-slot16",
+                         long_lr={"window16-slot16": 3e-3, "h-slot16": 1e-3},
+                         equal_compute_steps=6000)
+    arms = priors.all_arms(d)
+
+    def run(arm, lr, T, seed, loss, steps=None, **extra):
+        path = write_run(tmp_path, "shakespeare", T, arms[arm].mode, seed, variant=priors.variant(arm, lr, T, steps),
+                         val=shakespeare_val(2.718281828459045 ** loss), **priors.overrides(arms[arm], lr, T, steps))
+        raw = json.loads(path.read_text())
+        raw["wall_time_s"] = wall.get(arm, 1000.0) * (1 if T == 64 else 4) * raw["config"]["steps"] / 2000
+        raw.update(extra)
+        path.write_text(json.dumps(raw))
+
+    jitter = {0: 0.0, 1: 0.002, 2: -0.001, 3: 0.001, 4: -0.002}
+    for arm, loss in base.items():
+        for seed in priors.SEEDS:  # stage 2, with the decomposition on the coupled arms
+            split = {"layers": [{"explained": [0.9, 0.5, None, 0.1], "field_only_error": [0.01] * 4,
+                                 "coupling_effect": [0.1] * 4}],
+                     "loss": {"exact": loss + jitter[seed], "field only": loss + 0.005, "uncoupled": loss + 0.05}}
+            run(arm, 3e-3, 64, seed, loss + (jitter[seed] if arm == "window16-slot16" else 0),
+                **({"coattention": split} if arms[arm].coupled else {}))
+    for arm in priors.DECISIVE:  # stage 3's lr check: the middle wins for window16-slot16, 1e-3 for h-slot16
+        for lr, extra in ((1e-3, 0.0), (3e-3, 0.02), (1e-2, 0.1)) if arm == "h-slot16" else \
+                ((1e-3, 0.05), (3e-3, 0.0), (1e-2, 0.1)):
+            run(arm, lr, 256, 0, base[arm] - 0.2 + extra)
+        for seed in priors.LONG_SEEDS[1:]:
+            run(arm, d.long_lr[arm], 256, seed, base[arm] - 0.2 + jitter[seed] * (arm == "window16-slot16"))
+    for arm in ("window8-slot8", "stickbreaking", "softmax-rope", "softmax", "h"):
+        for seed in priors.SEEDS:
+            run(arm, 3e-3, 256, seed, base[arm] - 0.2)
+    for seed in priors.SEEDS:  # stage 4: stickbreaking for 6000 steps
+        run("stickbreaking", 3e-3, 256, seed, base["stickbreaking"] - 0.25, steps=6000)
+    return d
+
+
+def test_later_stages_rules_and_report_on_planted_runs(tmp_path):
+    d = _planted(tmp_path)
+    res = Results(load_runs(tmp_path))
+    undecided = dataclasses.replace(d, softmax_position=None, best_uncoupled=None, best_coupled=None)
+    assert priors.stage2_choices(priors.stage2(res, undecided), undecided) == {
+        "softmax_position": "rope", "best_uncoupled": "stickbreaking", "best_coupled": "window16-slot16"}
+    assert priors.decide_long_lr(res, d) == {"window16-slot16": 3e-3, "h-slot16": 1e-3}
+    # 2000 steps x window16-slot16's 4 x 3000 s over stickbreaking's 4 x 1000 s
+    assert priors.decide_equal_compute_steps(res, d) == 6000
+    (tmp_path / "out").mkdir()
+    text = "\n".join(priors.report(res, studies.context(priors, tmp_path, tmp_path / "out", decisions=d)))
+    for heading in ("## Stage 2", "## Stage 3: the decisive pair's lr", "## Stage 3: T = 256",
+                    "## What the couplings add", "## The couplings: a per-slot field or co-attention?"):
+        assert heading in text
+    assert (tmp_path / "out" / "loss_T64.png").exists() and (tmp_path / "out" / "loss_T256.png").exists()
+    # window16-slot16 against h-slot16 at T = 64: 20 millinats less the jitter: 20, 18, 21
+    row = next(line for line in text.splitlines() if line.startswith("| window16-slot16 vs h-slot16 | T = 64"))
+    assert "+19.67 [" in row and "(n = 3)" in row
+    # stage 4: stickbreaking at 6000 steps against window16-slot16: 1.70 - 0.25 against 1.744 - 0.2 (+-jitter)
+    row = next(line for line in text.splitlines() if "equal wall time" in line)
+    assert "-94.33 [" in row and "(n = 3)" in row  # -94, -96, -93
+    # the decomposition: explained by head, the missing head as a dash, the loss versions paired over seeds
+    assert "| window16-slot16 | 64 | 0 | 0.90 0.50 - 0.10 |" in text
