@@ -55,7 +55,7 @@ def test_an_unknown_version_is_refused():
             pass
 
 
-def test_a_trained_coupled_window_records_its_decomposition_and_it_recomputes_from_the_kept_model(tmp_path):
+def test_a_trained_coupled_window_records_its_decomposition_and_it_recomputes_from_the_kept_model(tmp_path, capsys):
     tiny = dict(steps=4, batch_size=4, eval_interval=4, eval_windows=8, d_model=16, d_ff=32, n_layers=2,
                 n_heads=2, warmup_steps=1, coupling="window", coupling_window=W, coupling_init_std=0.5, slot_bias=W)
     grid = Grid(("shakespeare",), (12,), modes=("h+J",), seeds=(0,), overrides=tiny)
@@ -68,8 +68,18 @@ def test_a_trained_coupled_window_records_its_decomposition_and_it_recomputes_fr
     assert split["loss"]["field only"] != split["loss"]["exact"] != split["loss"]["uncoupled"]
     for x in split["layers"]:
         assert all(e <= 1 for e in x["explained"]) and all(c > 0 for c in x["coupling_effect"])
+    for x in split["layers"]:  # the mean squares give the explained share, so heads and runs can be pooled
+        for e, f, c in zip(x["explained"], x["field_only_square"], x["coupling_square"]):
+            assert e == pytest.approx(1 - f / c, rel=1e-5)
     task, model = load_final(tmp_path / "final" / f"{name}.pt")
     assert json.loads(json.dumps(decompose(model, task))) == split  # deterministic: the same numbers
+    # a finished run without the measurement gets it from its kept model at the next sweep, the same numbers
+    path = tmp_path / "runs" / f"{name}.json"
+    path.write_text(json.dumps({k: v for k, v in recorded.items() if k != "coattention"}))
+    capsys.readouterr()
+    assert sweep([grid], tmp_path) == []
+    assert "recorded the co-attention measurement of 1 finished run" in capsys.readouterr().out
+    assert json.loads(path.read_text())["coattention"] == split
 
 
 def test_a_model_without_coupled_window_has_no_decomposition(tmp_path):

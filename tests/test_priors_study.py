@@ -118,7 +118,8 @@ def _planted(tmp_path):
     for arm, loss in base.items():
         for seed in priors.SEEDS:  # stage 2, with the decomposition on the coupled arms
             split = {"layers": [{"explained": [0.9, 0.5, None, 0.1], "field_only_error": [0.01] * 4,
-                                 "coupling_effect": [0.1] * 4}],
+                                 "coupling_effect": [0.1] * 4, "field_only_square": [0.001, 0.005, 0.0, 0.009],
+                                 "coupling_square": [0.01, 0.01, 0.0, 0.01]}],
                      "loss": {"exact": loss + jitter[seed], "field only": loss + 0.005, "uncoupled": loss + 0.05}}
             run(arm, 3e-3, 64, seed, loss + (jitter[seed] if arm == "window16-slot16" else 0),
                 **({"coattention": split} if arms[arm].coupled else {}))
@@ -158,4 +159,4 @@ def test_later_stages_rules_and_report_on_planted_runs(tmp_path):
     row = next(line for line in text.splitlines() if "equal wall time" in line)
     assert "-94.33 [" in row and "(n = 3)" in row  # -94, -96, -93
     # the decomposition: explained by head, the missing head as a dash, the loss versions paired over seeds
-    assert "| window16-slot16 | 64 | 0 | 0.90 0.50 - 0.10 |" in text
+    assert "| window16-slot16 | 64 | 0 | 0.500 | 0.90 0.50 - 0.10 |" in text  # pooled: 1 - 0.015 / 0.03

@@ -72,10 +72,11 @@ def without_couplings(model: nn.Module, version: str):
 @torch.no_grad()
 def decompose(model: nn.Module, task, windows: int = ANALYSIS_WINDOWS) -> dict | None:
     """The decomposition of the module docstring for a trained model of a Shakespeare ``task``, or None when it
-    has no coupled window: {"layers": per layer {"explained", "field_only_error", "coupling_effect"} per head
-    (the last two: mean |a - a_field|, mean |a - a_uncoupled| over the window's keys; "explained" is None for a
-    head whose couplings change nothing), "loss": validation loss per version, "exact" included, "windows": how
-    many validation windows gave the weights}."""
+    has no coupled window: {"layers": per layer, per head, "explained" (None for a head whose couplings change
+    nothing), the mean |a - a_field| and |a - a_uncoupled| over the window's keys ("field_only_error",
+    "coupling_effect") and their mean squares ("field_only_square", "coupling_square": pooled over heads or
+    runs, 1 - sum field_only_square / sum coupling_square is the explained share of the pool); "loss":
+    validation loss per version, "exact" included; "windows": how many validation windows gave the weights}."""
     layers = coupled_windows(model)
     if not layers:
         return None
@@ -105,10 +106,13 @@ def decompose(model: nn.Module, task, windows: int = ANALYSIS_WINDOWS) -> dict |
         explained = 1 - field_error.square().sum((0, 2)) / effect.square().sum((0, 2))  # nan: no effect
         out.append({"explained": [None if e != e else e for e in explained.tolist()],
                     "field_only_error": field_error.abs().mean((0, 2)).tolist(),
-                    "coupling_effect": effect.abs().mean((0, 2)).tolist()})
+                    "coupling_effect": effect.abs().mean((0, 2)).tolist(),
+                    "field_only_square": field_error.square().mean((0, 2)).tolist(),
+                    "coupling_square": effect.square().mean((0, 2)).tolist()})
     loss = {"exact": task.evaluate(model)["loss"]}
     for version in VERSIONS:
         with without_couplings(model, version):
             loss[version] = task.evaluate(model)["loss"]
     model.train(was_training)
     return {"layers": out, "loss": loss, "windows": min(windows, len(task.val[0]))}
+

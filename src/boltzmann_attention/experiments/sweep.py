@@ -3,7 +3,9 @@
 A run is named by its grid point (``shakespeare-T8-h+J-exact-base-s0``). Its result is written atomically to
 ``<out>/runs/<name>.json`` and its checkpoint to ``<out>/checkpoints/<name>.pt``; a sweep skips runs whose
 result exists and resumes a killed run from its checkpoint, so nothing finished is lost. A finished run's last
-checkpoint is kept as ``<out>/final/<name>.pt`` (the trained model, for analyses after the run: ``train.load_final``).
+checkpoint is kept as ``<out>/final/<name>.pt`` (the trained model, for analyses after the run: ``train.load_final``);
+a finished coupled-window run whose result lacks the co-attention measurement (:mod:`.coattention`) gets it from
+its kept model when a sweep next passes over it.
 
 The grids of each study (the paper's profiles, the fair baselines, ...) live in ``studies/``; the command line
 resolves a profile's grids there and hands them to :func:`sweep`.
@@ -11,6 +13,7 @@ resolves a profile's grids there and hands them to :func:`sweep`.
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing as mp
 import os
@@ -19,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .train import TrainConfig, train, write_result
+from . import coattention
+from .train import TrainConfig, load_final, train, write_result
 
 DEFAULT_MODES = ("softmax", "h+J", "h", "J")  # the paper's four modes
 
@@ -139,6 +143,18 @@ def _run_one(args) -> tuple[str, str | None]:
     return name, None
 
 
+def _measure_kept(path: Path, kept: Path) -> bool:
+    """Add the co-attention measurement (:func:`.coattention.decompose`) to the finished coupled-window run at
+    ``path`` from its kept model, when the run has none or one without the mean squares; True if added."""
+    raw = json.loads(path.read_text())
+    recorded = raw.get("coattention")
+    if not kept.exists() or (recorded and all("coupling_square" in x for x in recorded["layers"])):
+        return False
+    task, model = load_final(kept)
+    write_result({**raw, "coattention": coattention.decompose(model, task)}, path)
+    return True
+
+
 def _set_aside(path: Path) -> Path:
     """Rename a broken result to ``<name>.json.broken`` (``.broken-2``, ... if taken); nothing is deleted."""
     target = path.with_name(path.name + ".broken")
@@ -172,7 +188,7 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
     from .results import file_problems
 
     out = Path(out)
-    todo, seen, skipped, broken = [], set(), 0, []
+    todo, seen, skipped, broken, unmeasured = [], set(), 0, [], []
     for grid in grids:
         for name, cfg in grid.runs():
             cfg.validate()
@@ -184,11 +200,18 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
                 found = file_problems(path)
                 if not found:
                     skipped += 1
+                    if cfg.attention.coupling_window is not None and "J" in cfg.attention.mode:
+                        unmeasured.append(path)
                     continue
                 broken.append((path, found))
             todo.append((name, asdict(cfg), grid.variant))
     if skipped:
         print(f"skipped {skipped} finished run{'s' if skipped != 1 else ''} in {out / 'runs'}")
+    if not dry_run:
+        measured = sum(_measure_kept(path, out / "final" / f"{path.stem}.pt") for path in unmeasured)
+        if measured:
+            print(f"recorded the co-attention measurement of {measured} finished run{'s' if measured != 1 else ''} "
+                  "from their kept models")
     if dry_run or not todo:
         return [t[0] for t in todo]
     for path, found in broken:

@@ -455,13 +455,12 @@ def coattention_section(res: Results, d: Decisions) -> list[str]:
             if not found:
                 continue
             for layer in range(len(next(iter(found.values()))["layers"])):
-                per_head = [[x["layers"][layer]["explained"][h] for x in found.values()]
-                            for h in range(len(next(iter(found.values()))["layers"][layer]["explained"]))]
-                weights.append([name, str(T), str(layer), " ".join(_mean_or_dash(v) for v in per_head),
-                                fmt_num(statistics.mean(e for x in found.values()
-                                                        for e in x["layers"][layer]["field_only_error"]), 3),
-                                fmt_num(statistics.mean(e for x in found.values()
-                                                        for e in x["layers"][layer]["coupling_effect"]), 3)])
+                records = [x["layers"][layer] for x in found.values()]
+                per_head = [[r["explained"][h] for r in records] for h in range(len(records[0]["explained"]))]
+                weights.append([name, str(T), str(layer), _pooled(records),
+                                " ".join(_median_or_dash(v) for v in per_head),
+                                fmt_num(statistics.mean(e for r in records for e in r["field_only_error"]), 3),
+                                fmt_num(statistics.mean(e for r in records for e in r["coupling_effect"]), 3)])
             exact = {s: x["loss"]["exact"] for s, x in found.items()}
             losses.append([name, str(T), fmt_stat(stat(exact.values()), digits=4),
                            *(_difference({s: x["loss"][v] for s, x in found.items()}, exact)
@@ -474,11 +473,12 @@ def coattention_section(res: Results, d: Decisions) -> list[str]:
             "co-attention. Each coupled run is measured after training on the same inputs in three versions: exact; "
             "field only (the couplings replaced by their per-slot field -R_a); uncoupled (sigmoid attention on the "
             "same fields). Explained: 1 - sum (a - a_field)^2 / sum (a - a_uncoupled)^2 over the window's keys of "
-            f"{coattention.ANALYSIS_WINDOWS} validation windows, per head, mean over seeds (1: the couplings act as "
-            "a position bias; 0 or below: their effect is co-attention). The real-size window16 runs kept no "
-            "trained model and are not measured.", "",
-            md_table(["arm", "T", "layer", "explained, heads 0-3", "mean |a - a_field|", "mean |a - a_uncoupled|"],
-                     weights), "",
+            f"{coattention.ANALYSIS_WINDOWS} validation windows (1: the couplings act as a position bias; 0 or "
+            "below: their effect is co-attention), pooled over the layer's heads and the seeds, and per head as "
+            "the median over seeds (a head whose couplings barely change its weights can have any value). The "
+            "real-size window16 runs kept no trained model and are not measured.", "",
+            md_table(["arm", "T", "layer", "explained, pooled", "explained by head", "mean |a - a_field|",
+                      "mean |a - a_uncoupled|"], weights), "",
             "Validation loss of the trained model in each version (the same weights; only the coupled windows "
             "change): the version's loss minus the exact loss, in millinats, paired over seeds; positive = the "
             "version's loss is higher, i.e. what the part of the couplings it drops contributes.", "",
@@ -486,9 +486,18 @@ def coattention_section(res: Results, d: Decisions) -> list[str]:
                      losses), ""]
 
 
-def _mean_or_dash(values: list) -> str:
+def _median_or_dash(values: list) -> str:
     values = [v for v in values if v is not None]
-    return f"{statistics.mean(values):.2f}" if values else "-"
+    return f"{statistics.median(values):.2f}" if values else "-"
+
+
+def _pooled(records: list[dict]) -> str:
+    """1 - sum field_only_square / sum coupling_square over the heads and runs of ``records`` ("-" when a record
+    lacks the squares)."""
+    if not all("coupling_square" in r for r in records):
+        return "-"
+    effect = sum(c for r in records for c in r["coupling_square"])
+    return f"{1 - sum(f for r in records for f in r['field_only_square']) / effect:.3f}" if effect else "-"
 
 
 ARM_COLORS = {"softmax": "black", "h": "tab:orange", "window16": "tab:blue", "window16-slot16": "tab:cyan",
