@@ -120,6 +120,7 @@ def threads_per_run(jobs: int, threads: int | None = None) -> int:
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+CHECKPOINT_INTERVAL = 100  # steps: a killed run loses at most this many (saving takes well under a step's time)
 
 
 def _run_one(args) -> tuple[str, str | None]:
@@ -131,7 +132,8 @@ def _run_one(args) -> tuple[str, str | None]:
     checkpoint = out / "checkpoints" / f"{name}.pt"
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     try:
-        result = train(cfg, checkpoint=checkpoint, progress=progress, out=out / "runs" / f"{name}.json")
+        result = train(cfg, checkpoint=checkpoint, checkpoint_interval=CHECKPOINT_INTERVAL, progress=progress,
+                       out=out / "runs" / f"{name}.json")
     except Exception as e:  # reported by sweep(), which goes on with the other runs
         return name, f"{type(e).__name__}: {e}"
     result.update(run=name, variant=variant)
