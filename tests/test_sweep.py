@@ -120,3 +120,40 @@ def test_a_finished_run_keeps_its_trained_model_and_it_gives_the_recorded_loss(t
     task, model = load_final(tmp_path / "final" / f"{name}.pt")
     recorded = json.loads((tmp_path / "runs" / f"{name}.json").read_text())["metrics"]["val"]
     assert task.evaluate(model) == pytest.approx(recorded, rel=1e-6)
+
+
+def test_a_killed_sweep_stops_its_workers(tmp_path):
+    """SIGTERM to a sweep of two parallel runs ends the workers too, not only the parent."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    grid = f"Grid(('shakespeare',), (4,), modes=('softmax', 'h'), seeds=(0,), overrides={dict(TINY, steps=10**6)!r})"
+    script = (f"from boltzmann_attention.experiments.sweep import Grid, sweep\n"
+              f"sweep([{grid}], {str(tmp_path)!r}, jobs=2)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list((tmp_path / "checkpoints").glob("*.pt"))) < 2:  # both workers are training
+            assert time.monotonic() < deadline and parent.poll() is None
+            time.sleep(0.2)
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(parent.pid), "-f", "spawn_main"],
+                                                  capture_output=True, text=True).stdout.split()]
+        assert len(workers) == 2
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=30) != 0
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in workers):
+            assert time.monotonic() < deadline, "the workers ran on after their sweep was killed"
+            time.sleep(0.2)
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False

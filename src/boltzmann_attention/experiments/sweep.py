@@ -17,6 +17,9 @@ import json
 import math
 import multiprocessing as mp
 import os
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -234,7 +237,7 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
         saved = {k: os.environ.get(k) for k in THREAD_VARIABLES}
         os.environ.update({k: str(threads) for k in THREAD_VARIABLES})  # inherited by the spawned children
         try:
-            with mp.get_context("spawn").Pool(jobs) as pool:
+            with _exit_on_sigterm(), mp.get_context("spawn").Pool(jobs) as pool:  # leaving it stops the workers
                 outcomes = list(tqdm(pool.imap_unordered(_run_one, tasks), total=len(tasks), desc="sweep",
                                      unit="run"))
         finally:
@@ -247,6 +250,25 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(tasks)} runs failed:\n" + "\n".join(failures))
     return [t[0] for t in todo]
+
+
+@contextmanager
+def _exit_on_sigterm():
+    """Within the block, SIGTERM raises SystemExit, so that a killed sweep leaves its pool and the pool stops its
+    workers; by default they would each run on to the end of their current run, beside the next sweep's.
+    (Only the main thread can set a handler; elsewhere this does nothing.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def with_overrides(grids: list[Grid], **overrides) -> list[Grid]:
