@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from boltzmann_attention.experiments import studies
+from boltzmann_attention.experiments import lr_rule, studies
 from boltzmann_attention.experiments.results import Results, load_runs
 from boltzmann_attention.experiments.studies import priors
 
@@ -35,7 +35,7 @@ def test_stage_1_is_every_new_arm_at_every_lr_and_every_config_is_valid():
 
 def test_later_stages_appear_only_once_decided():
     best = {a.name: 3e-3 for a in priors.ARMS}
-    d = dataclasses.replace(RECORDED, best_lr=best)
+    d = priors.Decisions(best_lr=best)  # the rule on these decisions alone, whatever decisions.json holds now
     names = [n for n, _ in _runs(d)]
     assert sum("-s1" in n and "T64" in n for n in names) == len(priors.ARMS)  # stage 2's seeds 1 and 2
     # stage 3's arms that need no choice of stage 2 start as soon as their stage-1 lr is decided: the decisive
@@ -160,3 +160,23 @@ def test_later_stages_rules_and_report_on_planted_runs(tmp_path):
     assert "-94.33 [" in row and "(n = 3)" in row  # -94, -96, -93
     # the decomposition: explained by head, the missing head as a dash, the loss versions paired over seeds
     assert "| window16-slot16 | 64 | 0 | 0.500 | 0.90 0.50 - 0.10 |" in text  # pooled: 1 - 0.015 / 0.03
+
+
+def test_the_recorded_decisions_are_the_rules_on_the_archived_runs():
+    """decisions.json against the committed archive: every decided lr and stage-2 choice is what the rule gives."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "report"
+    res = Results(load_runs(root / "priors" / "runs.jsonl.gz"))
+    res = priors._with_reused(res, studies.context(priors, root / "priors", root / "priors"))
+    decided = priors.decide_learning_rates(res, RECORDED)
+    for arm, lr in RECORDED.best_lr.items():
+        assert decided[arm] == (lr, None)
+    arms = priors.all_arms(RECORDED)
+    for arm, lrs in RECORDED.extra_learning_rates.items():  # added because the grid's winner was at its edge
+        losses = {lr: priors.per_seed(res, arms[arm], lr)["loss"][0] for lr in priors.LEARNING_RATES}
+        assert lrs == (1e-2,) and lr_rule.choose_lr(losses, priors.NEAR_TIE, priors.NANOGPT_LR) == 3e-3
+    choices = priors.stage2_choices(priors.stage2(res, RECORDED), RECORDED)
+    for key in ("softmax_position", "best_uncoupled", "best_coupled"):
+        if getattr(RECORDED, key) is not None:
+            assert choices[key] == getattr(RECORDED, key)
