@@ -150,6 +150,21 @@ def long_arms(d: Decisions) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*DECISIVE, "window8-slot8", *chosen)))
 
 
+def lr_at(name: str, d: Decisions, T: int = NANOGPT_T) -> float | None:
+    """The lr an arm runs at in stages 2-4 (the reused arms at the real-size lr); None until decided."""
+    if name in {a.name for a in REUSED}:
+        return REALSIZE_LR
+    if T != NANOGPT_T and name in d.long_lr:
+        return d.long_lr[name]
+    return d.best_lr.get(name)
+
+
+def long_learning_rates(name: str, d: Decisions) -> tuple[float, ...]:
+    """Stage 3's lr check of a decisive arm: its stage-1 lr and one half-decade step either side."""
+    base = d.best_lr[name]
+    return beyond(base, up=False), base, beyond(base, up=True)
+
+
 def priors_grids(field_bias: str, d: Decisions) -> list[Grid]:
     """Every stage whose rule's inputs are decided (protocol.md). The field bias is the default one."""
     arms = all_arms(d)
@@ -157,24 +172,17 @@ def priors_grids(field_bias: str, d: Decisions) -> list[Grid]:
     grids = [_grid(a, NANOGPT_T, s, lr) for s in LR_SEEDS for a in own for lr in arm_learning_rates(a.name, d)]
     grids += [_grid(a, NANOGPT_T, s, d.best_lr[a.name]) for s in SEEDS for a in own if a.name in d.best_lr]
     for name in long_arms(d):
-        if name in {a.name for a in REUSED}:
-            continue  # the real-size study ran softmax and h at T = 256 (3 seeds)
-        if name not in d.best_lr:
-            continue  # its stage-1 lr is not decided yet
-        lr = d.long_lr.get(name, d.best_lr.get(name, REALSIZE_LR))
-        if name in DECISIVE:  # stage 3's lr check: seed 0 at the stage-1 lr and one step either side
-            base = d.best_lr.get(name)
-            if base is not None:
-                grids += [_grid(arms[name], LONG_T, 0, x) for x in (beyond(base, up=False), base,
-                                                                    beyond(base, up=True))]
+        if name in {a.name for a in REUSED} or name not in d.best_lr:
+            continue  # the real-size study ran softmax and h at T = 256; or its stage-1 lr is not decided yet
+        if name in DECISIVE:  # stage 3's lr check, then its seeds once LONG_LR is decided
+            grids += [_grid(arms[name], LONG_T, 0, lr) for lr in long_learning_rates(name, d)]
             if name not in d.long_lr:
                 continue
         seeds = LONG_SEEDS if name in DECISIVE else SEEDS
-        grids += [_grid(arms[name], LONG_T, s, lr) for s in seeds]
+        grids += [_grid(arms[name], LONG_T, s, lr_at(name, d, LONG_T)) for s in seeds]
     if d.equal_compute_steps is not None and d.best_uncoupled is not None:
         name = d.best_uncoupled
-        lr = d.long_lr.get(name, d.best_lr.get(name, REALSIZE_LR))
-        grids += [_grid(arms[name], LONG_T, s, lr, d.equal_compute_steps) for s in SEEDS]
+        grids += [_grid(arms[name], LONG_T, s, lr_at(name, d, LONG_T), d.equal_compute_steps) for s in SEEDS]
     return grids
 
 
@@ -184,15 +192,6 @@ HELP = {"priors": "the coupled window against position priors (RoPE, ALiBi, slot
 
 
 # ---------------------------------------------------------------------------------------------------- report
-
-def lr_at(name: str, d: Decisions, T: int = NANOGPT_T) -> float | None:
-    """The lr an arm runs at in stages 2-4 (the reused arms at the real-size lr); None until decided."""
-    if name in {a.name for a in REUSED}:
-        return REALSIZE_LR
-    if T != NANOGPT_T and name in d.long_lr:
-        return d.long_lr[name]
-    return d.best_lr.get(name)
-
 
 def owns(res: Results) -> bool:
     """True when every run is of this study's variants."""
@@ -226,12 +225,6 @@ def decide_learning_rates(res: Results, d: Decisions) -> dict[str, tuple[float |
 
     return lr_rule.decide(list(arms), lambda arm: arm_learning_rates(arm, d), losses_of, d.diverged, NEAR_TIE,
                           NANOGPT_LR)
-
-
-def long_learning_rates(name: str, d: Decisions) -> tuple[float, ...]:
-    """Stage 3's lr check of a decisive arm: its stage-1 lr and one half-decade step either side."""
-    base = d.best_lr[name]
-    return beyond(base, up=False), base, beyond(base, up=True)
 
 
 def decide_long_lr(res: Results, d: Decisions) -> dict[str, float]:
