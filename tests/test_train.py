@@ -11,6 +11,7 @@ import sys
 import warnings
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,7 +43,7 @@ def test_a_few_steps_lower_the_loss(task, mode):
     initial = TrainConfig.build(task=task, T=6, mode=mode, **{**SHORT, "steps": 1, "eval_interval": 1})
     assert result["metrics"]["val"]["loss"] < train(initial, progress=False)["metrics"]["val"]["loss"]
     if "J" in mode:
-        J = torch.tensor(result["couplings"])
+        J = torch.tensor(result["layers"][0]["couplings"])
         assert J.shape == (1, 6, 6) and J.abs().max() > 0  # the couplings learned something
 
 
@@ -60,7 +61,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     assert resumed["steps_run"] == 20
     assert resumed["metrics"] == full["metrics"]
     assert resumed["history"] == full["history"]
-    assert resumed["couplings"] == full["couplings"]
+    assert resumed["layers"] == full["layers"]
 
 
 def _train_until(cfg, path, stop):
@@ -432,7 +433,7 @@ T.save_checkpoint, T._per_rank = save, per_rank
 dist.barrier()  # the checkpoint is written before anyone resumes
 resumed = T.train(cfg, checkpoint=sys.argv[1], progress=False)
 if dist.get_rank() == 0:
-    keys = ("metrics", "history", "couplings")
+    keys = ("metrics", "history", "layers")
     json.dump({"steps_run": resumed["steps_run"], "equal": [full[k] == resumed[k] for k in keys]},
               open(sys.argv[2], "w"))
 """
@@ -473,7 +474,7 @@ def test_sampled_methods_train_end_to_end(mode, method, options):
     result = train(cfg, progress=False)
     initial = train(cfg.replace(steps=1, eval_interval=1, warmup_steps=0), progress=False)
     assert result["metrics"]["val"]["loss"] < initial["metrics"]["val"]["loss"]
-    assert torch.tensor(result["couplings"]).ne(torch.tensor(initial["couplings"])).any()
+    assert torch.tensor(result["layers"][0]["couplings"]).ne(torch.tensor(initial["layers"][0]["couplings"])).any()
     # the same weights are also evaluated with exact marginals (brackets: val and test)
     assert set(result["metrics"]) == {"val", "test", "val_exact", "test_exact"}
     assert 0.0 <= result["metrics"]["test_exact"]["accuracy"] <= 1.0
@@ -583,25 +584,30 @@ def test_the_coupled_window_trains_and_its_slot_couplings_are_recorded(tmp_path)
     """T = 30 is beyond exact's 24 spins, which the window (W = 4) does not need; J (H, W, W) is learned, saved
     in the result by slot and read back; the resolved config says which window it was."""
     from boltzmann_attention.experiments.results import load_runs
+    from boltzmann_attention.experiments.train import load_final
 
     torch.set_num_threads(1)
     cfg = TrainConfig.build(T=30, n_heads=2, n_layers=2, coupling="window", coupling_window=4, slot_bias=3,
                             **{**SHORT, "steps": 3, "lr": 1e-2})
-    result = train(cfg, progress=False)
-    J = torch.tensor(result["couplings"])
+    result = train(cfg, progress=False, checkpoint=tmp_path / "w.pt")
+    _, model = load_final(tmp_path / "w.pt")
+    J = torch.tensor(result["layers"][0]["couplings"])
     assert J.shape == (2, 4, 4) and J.abs().max() > 0 and torch.equal(J, J.transpose(-1, -2))
     assert torch.all(J.diagonal(dim1=-2, dim2=-1) == 0)
     assert (result["config"]["attention"]["coupling"], result["config"]["attention"]["coupling_window"]) == (
         "window", 4)
-    # every layer's couplings, field and slot biases are kept (layer 0's also under the old keys)
-    assert len(result["layers"]) == 2 and result["layers"][0]["couplings"] == result["couplings"]
-    assert result["layers"][1]["couplings"] != result["couplings"]
+    # every layer's couplings, field and slot biases are kept, as decimals that read back to the same float32s
+    assert len(result["layers"]) == 2 and "couplings" not in result and "field_bias" not in result
+    for block, layer in zip(model.blocks, result["layers"]):
+        assert torch.equal(torch.tensor(layer["couplings"], dtype=torch.float32), block.attn.couplings(30))
+        assert torch.equal(torch.tensor(layer["slot_bias"], dtype=torch.float32), block.attn.slot_bias.weight)
+        assert all(len(repr(x)) <= 16 for x in layer["couplings"][0][1])  # not float64's 17 digits
     assert all(torch.tensor(layer["slot_bias"]).shape == (2, 3) and len(layer["field_bias"]) == 2
                for layer in result["layers"])
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "w.json").write_text(json.dumps(result))
-    (run,) = load_runs(tmp_path)
-    assert run.couplings.shape == (2, 4, 4)
+    (run,) = load_runs(tmp_path)  # layer 0's, at float32's exact values
+    assert np.array_equal(run.couplings, model.blocks[0].attn.couplings(30).detach().double().numpy())
     bad = {**result, "couplings": torch.zeros(2, 30, 30).tolist()}  # positional J for a window run: refused
     (tmp_path / "runs" / "w.json").write_text(json.dumps(bad))
     with pytest.raises(ValueError, match=r"expected \(H, 4, 4\)"):

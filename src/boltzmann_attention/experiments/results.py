@@ -107,7 +107,7 @@ class Run:
     metrics: dict
     wall_time_s: float
     steps_run: int | None
-    couplings: np.ndarray | None  # (H, T, T) learned J of layer 0
+    couplings: np.ndarray | None  # (H, T, T), or (H, W, W) by slot for the window: learned J of layer 0
     info: dict
     raw: dict  # the whole result, as loaded
 
@@ -184,14 +184,22 @@ def _load_run(path: Path, text: str) -> Run:
                   couplings=None, info={k: d.get(k) for k in INFO_KEYS}, raw=d)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"result file {path} lacks a field or has a bad one: {e!r}") from None
-    if d.get("couplings") is not None:
-        J = np.asarray(d["couplings"], dtype=float)
+    if layer0(d, "couplings") is not None:
+        J = np.asarray(layer0(d, "couplings"), dtype=np.float32).astype(float)
         J = J[None] if J.ndim == 2 else J
         n = int(cfg["coupling_window"]) if cfg.get("coupling") == "window" else T  # the window's J: by slot
         if J.ndim != 3 or J.shape[1:] != (n, n):
             raise ValueError(f"result file {path}: couplings have shape {J.shape}, expected (H, {n}, {n})")
         run.couplings = J
     return run
+
+
+def layer0(raw: dict, key: str):
+    """Layer 0's learned ``key`` ('couplings', 'field_bias') of a result: under ``layers``, or at the top level
+    in results written before every layer was kept; None when the run has none."""
+    if key in raw:
+        return raw[key]
+    return ((raw.get("layers") or [{}])[0] or {}).get(key)
 
 
 # ---------------------------------------------------------------------------------------------- grouping

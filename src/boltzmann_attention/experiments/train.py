@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -417,7 +418,6 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     layers = [learned_priors(block.attn, cfg.data.T) for block in model.blocks]
     if any(layers):
         result["layers"] = layers  # every layer's couplings, field and slot biases
-        result.update({k: layers[0][k] for k in ("couplings", "field_bias") if k in layers[0]})  # layer 0, as before
     if cfg.data.task == "shakespeare":  # the window couplings' per-slot field against their co-attention
         split = coattention.decompose(model, task)
         if split is not None:
@@ -429,15 +429,23 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
 
 def learned_priors(attn: BoltzmannAttention, T: int) -> dict:
     """The layer's learned couplings ((H, T, T), or (H, W, W) by slot for the window), field bias (H,) and slot
-    bias (H, W), as lists; only those it has."""
+    bias (H, W), as lists of each float32 value's shortest decimal (it reads back to the same float32, in half
+    the characters of its float64 digits); only those it has."""
     out = {}
     if attn.couplings is not None:
-        out["couplings"] = attn.couplings(T).detach().tolist()
+        out["couplings"] = float32_list(attn.couplings(T))
     if attn.field_bias is not None:
-        out["field_bias"] = attn.field_bias.detach().tolist()
+        out["field_bias"] = float32_list(attn.field_bias)
     if attn.slot_bias is not None:
-        out["slot_bias"] = attn.slot_bias.weight.detach().tolist()
+        out["slot_bias"] = float32_list(attn.slot_bias.weight)
     return out
+
+
+def float32_list(t: Tensor) -> list:
+    """A tensor's values as nested lists of the shortest decimals that read back to the same float32s."""
+    values = t.detach().float().cpu().numpy()
+    shortest = np.array([float(str(x)) for x in values.reshape(-1)], dtype=object)  # str of a float32: shortest
+    return shortest.reshape(values.shape).tolist()
 
 
 class Unconverged:

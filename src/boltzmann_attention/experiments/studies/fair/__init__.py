@@ -14,7 +14,7 @@ import numpy as np
 from ...plots import figure, finish
 from ...recipes import J_INIT_STD, J_LR_MULTIPLIERS
 from ...report import ReportContext, header_section, protocol_sections
-from ...results import Group, Results
+from ...results import Group, Results, layer0
 from ...stats import ALPHA, Paired, millinats, paired, points, relative, stat
 from ...sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid
 from ...tables import duration, fmt_interval, fmt_stat, md_table, table_with_holm
@@ -196,7 +196,8 @@ def learned_bias_table(study: Study, task: str, T: int, prefix: str = "") -> lis
         cells = [f"{b} (starts at {coefficient * math.log(T):+.2f})"]
         for mode in BOLTZMANN_MODES:
             g = study.biased(task, T, mode, b, prefix)
-            finals = [r.raw["field_bias"][0] for r in g.runs.values() if r.raw.get("field_bias")] if g else []
+            finals = [layer0(r.raw, "field_bias") for r in g.runs.values()] if g else []
+            finals = [f[0] for f in finals if f]
             cells.append(f"{np.mean(finals):+.2f} ± {np.std(finals, ddof=1):.2f}" if len(finals) > 1 else "")
         rows.append(cells)
     if not rows:
