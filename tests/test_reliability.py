@@ -158,6 +158,51 @@ def test_exact_refuses_couplings_whose_rounding_swamps_the_fields():
             call()
 
 
+def test_the_reference_refuses_what_float64_cannot_resolve_and_keeps_what_is_determined():
+    """The oracle itself: the ferromagnet of 1e17 (marginals about 0.46; float64 enumeration gave 0) is refused,
+    while its correlations, +1 in both ground states, are kept; so are frozen and exactly summed inputs."""
+    from boltzmann_attention.ising import reference
+
+    h = torch.tensor([0.5, -0.3, 0.2, 0.1], dtype=torch.float64)
+    J = _ferromagnet(4, 1e17, torch.float64)
+    with pytest.raises(ValueError, match="'reference'.*cannot be resolved in float64.*up to 2.*e\\+03.*Rescale"):
+        reference.marginals(h, J)
+    with pytest.raises(ValueError, match="'reference'.*cannot be resolved"):
+        ising.marginals(h, J, method="reference")
+    assert torch.equal(reference.correlations(h, J), torch.ones(4, 4, dtype=torch.float64))
+    J = _ferromagnet(4, 1.0, torch.float64)
+    torch.testing.assert_close(reference.marginals(h, J), _brute_force(h, J), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (1e15, 0.1), (2.0**40, 2.0**-3), (1e30, 1e29)])
+def test_the_reference_rounding_bound_holds_against_exact_arithmetic(scales):
+    """Every configuration's float64 energy is within the bound of its exact value (rational arithmetic on the
+    inputs' exact values); where the bound is 0 (every sum exact), the energies are exact."""
+    from fractions import Fraction
+
+    from boltzmann_attention.ising import reference
+
+    g = torch.Generator().manual_seed(3)
+    n, rows = 5, 20
+    h = torch.randn(rows, n, dtype=torch.float64, generator=g) * scales[0]
+    J = symmetric_couplings(n, generator=g, scale=scales[1]).expand(rows, n, n).clone()
+    if scales[0] == 2.0**40:  # dyadic values whose sums are exact
+        h, J = h.round(), (J * 8).round() / 8
+    spins = reference.configurations(n)
+    computed = reference.negative_energies(h, J, None, spins)
+    bound = reference._rounding_bound(h, J, None)
+    for r in range(rows):
+        for c in range(2**n):
+            s = [int(x) for x in spins[c]]
+            exact = sum(Fraction(float(h[r, j])) * s[j] for j in range(n))
+            exact += sum(Fraction(float(J[r, j, k])) * s[j] * s[k] for j in range(n) for k in range(j + 1, n))
+            error = abs(Fraction(float(computed[r, c])) - exact)
+            assert error <= Fraction(float(bound[r]))
+    if scales[0] == 2.0**40:
+        assert (bound == 0).all()
+    assert (bound > 0).any() == (scales[0] != 2.0**40)
+
+
 @pytest.mark.parametrize("coupling", [1e8, 1e10])
 def test_exact_in_the_resolvable_range_matches_the_brute_force(coupling):
     """Past the scale where rounding could matter, the states that carry the distribution are checked and the

@@ -10,6 +10,14 @@ configurations that differ only in an absent spin then have the same energy in e
 GEMM may round them differently (its summation order can depend on the column: seen with MKL on an AMD
 CPU), and at energies of 1e17 one ulp (16) is a factor e^16 between them. So each such pair's energies are
 replaced by their mean (bit for bit the same for both), and the marginals of absent spins are set to 0.
+
+Each energy is a float64 sum of at most m = n + n^2 (+ n^3 with K) exact terms, so rounding moves it by at
+most delta = 2 gamma_m S, S = sum |h| + sum |J| / 2 (+ sum |K| / 6) and gamma_m = m u / (1 - m u) (u = 2^-53).
+That moves no probability by more than a factor e^(2 delta). Where this could move a marginal or a correlation
+by more than RESOLUTION_TOLERANCE, the result is kept only if the states that carry the distribution (those
+within 2 delta + n log 2 + log(4 / tolerance) of the lowest computed energy) all agree on it, as for frozen
+spins at any scale; otherwise a ValueError names the limit. log Z is returned as computed: it is within delta
+of the truth.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import torch
 from torch import Tensor
 
 MAX_SPINS = 20
+RESOLUTION_TOLERANCE = 1e-6  # largest error in a marginal or correlation accepted from the rounding of the energies
 
 
 def configurations(n: int, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
@@ -57,6 +66,64 @@ def _free_absent(negative_energy: Tensor, mask: Tensor | None) -> Tensor:
     return negative_energy
 
 
+def _granularity(x: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """The largest power of two of which every entry over ``dims`` is a multiple (inf where all are 0)."""
+    mantissa, exponent = torch.frexp(x)
+    digits = (mantissa.abs() * 2.0 ** 53).long()  # the exact integer significand
+    lowest = (digits & -digits).double()  # its lowest set bit
+    step = torch.where(x == 0, math.inf, torch.ldexp(lowest, exponent - 53))
+    if any(x.shape[d] == 0 for d in dims):  # no entries: no constraint
+        return torch.full_like(x.sum(dims), math.inf)
+    return step.amin(dims)
+
+
+def _rounding_bound(h: Tensor, J: Tensor | None, K: Tensor | None) -> Tensor:
+    """delta (...,): the most float64 rounding can move any configuration's energy (module docstring). It is 0
+    where every sum is exact: without K, when h's sums and J's are whole multiples of their granularities below
+    2^53 of them, and so is the energy at the granularity of h and J / 2."""
+    n = h.shape[-1]
+    terms, size = n, h.abs().sum(-1)
+    if J is not None:
+        terms, size = terms + n * n, size + J.abs().sum((-2, -1)) / 2
+    if K is not None:
+        terms, size = terms + n ** 3, size + K.abs().sum((-3, -2, -1)) / 6
+    u = 2.0 ** -53
+    delta = 2 * terms * u / (1 - terms * u) * size
+    if K is None:
+        limit = 2.0 ** 53
+        step = _granularity(h, (-1,))
+        exact = h.abs().sum(-1) <= limit * step
+        if J is not None:
+            step_J = _granularity(J, (-2, -1))
+            exact = exact & (J.abs().sum((-2, -1)) <= limit * step_J) & (step_J >= 2.0 ** -1073)  # halving exact
+            step = torch.minimum(step, step_J / 2)
+        delta = torch.where(exact & (size <= limit * step), 0.0, delta)
+    return delta
+
+
+def _check_resolved(negative_energy: Tensor, delta: Tensor, values: Tensor, present: Tensor | None, what: str):
+    """Raise where rounding could move an average of ``values`` (C, k) (the spins, or their products) by more
+    than RESOLUTION_TOLERANCE: rows (...) whose bound is loose and whose carrying states disagree on a present
+    entry (``present`` (..., k) bool, or None for all)."""
+    loose = torch.expm1(2 * delta) > RESOLUTION_TOLERANCE
+    if not bool(loose.any()):
+        return
+    n = int(negative_energy.shape[-1]).bit_length() - 1
+    window = 2 * delta + n * math.log(2.0) + math.log(4 / RESOLUTION_TOLERANCE)
+    carrying = negative_energy >= negative_energy.amax(-1, keepdim=True) - window[..., None]  # (..., C)
+    high = torch.where(carrying[..., None], values, -math.inf).amax(-2)  # (..., k)
+    low = torch.where(carrying[..., None], values, math.inf).amin(-2)
+    unresolved = loose[..., None] & (high != low)
+    if present is not None:
+        unresolved = unresolved & present
+    if bool(unresolved.any()):
+        raise ValueError(
+            f"method 'reference': the energies cannot be resolved in float64: rounding could move them by up to "
+            f"{float(delta.amax()):.3g}, and the states that carry the distribution disagree on a {what}, which "
+            f"could then be off by more than {RESOLUTION_TOLERANCE:g}. Rescale the fields and couplings; method='exact' "
+            f"bounds the rounding state by state, and solves some of the inputs refused here.")
+
+
 def _prepare(h, J, K, mask):
     if h.shape[-1] > MAX_SPINS:
         raise ValueError(f"method 'reference' enumerates 2^n states and is limited to n <= {MAX_SPINS}; "
@@ -87,8 +154,9 @@ def marginals(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, mask:
     dtype = h.dtype
     h, J, K, _ = _prepare(h, J, K, mask)
     spins = configurations(h.shape[-1], device=h.device)
-    probabilities = torch.softmax(_free_absent(negative_energies(h, J, K, spins), mask), dim=-1)
-    out = probabilities @ spins
+    negative_energy = _free_absent(negative_energies(h, J, K, spins), mask)
+    _check_resolved(negative_energy, _rounding_bound(h, J, K), spins, mask, "spin")
+    out = torch.softmax(negative_energy, dim=-1) @ spins
     return (out if mask is None else out * mask).to(dtype)
 
 
@@ -96,9 +164,13 @@ def correlations(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, ma
     """<s_j s_k>, shape (..., n, n), for tests of samplers and gradient identities."""
     dtype = h.dtype
     h, J, K, _ = _prepare(h, J, K, mask)
-    spins = configurations(h.shape[-1], device=h.device)
-    probabilities = torch.softmax(_free_absent(negative_energies(h, J, K, spins), mask), dim=-1)
-    out = torch.einsum("...c,cj,ck->...jk", probabilities, spins, spins)
+    n = h.shape[-1]
+    spins = configurations(n, device=h.device)
+    negative_energy = _free_absent(negative_energies(h, J, K, spins), mask)
+    pairs = (mask[..., :, None] & mask[..., None, :]).flatten(-2) if mask is not None else None
+    _check_resolved(negative_energy, _rounding_bound(h, J, K), (spins[:, :, None] * spins[:, None, :]).flatten(-2),
+                    pairs, "pair of spins")
+    out = torch.einsum("...c,cj,ck->...jk", torch.softmax(negative_energy, dim=-1), spins, spins)
     if mask is not None:
         out = out * mask[..., :, None] * mask[..., None, :]
     return out.to(dtype)
