@@ -120,8 +120,8 @@ def _check_resolved(negative_energy: Tensor, delta: Tensor, values: Tensor, pres
         raise ValueError(
             f"method 'reference': the energies cannot be resolved in float64: rounding could move them by up to "
             f"{float(delta.amax()):.3g}, and the states that carry the distribution disagree on a {what}, which "
-            f"could then be off by more than {RESOLUTION_TOLERANCE:g}. Rescale the fields and couplings; method='exact' "
-            f"bounds the rounding state by state, and solves some of the inputs refused here.")
+            f"could then be off by more than {RESOLUTION_TOLERANCE:g}. Rescale the fields and couplings; "
+            f"method='exact' bounds the rounding state by state, and solves some of the inputs refused here.")
 
 
 def _prepare(h, J, K, mask):
