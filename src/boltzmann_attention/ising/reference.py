@@ -13,12 +13,12 @@ replaced by their mean (bit for bit the same for both), and the marginals of abs
 
 Each energy is a float64 sum of at most m = n + n^2 (+ n^3 with K) exact terms, so rounding moves it by at
 most delta = 2 gamma_m S, S = sum |h| + sum |J| / 2 (+ sum |K| / 6) over the full symmetric tensors and
-gamma_m = m u / (1 - m u) (u = 2^-53); delta is 0 where every partial sum is a whole multiple of the inputs'
-finest power of two below 2^53 of it, which makes every sum exact (as for dyadic inputs). That moves no probability by more than a factor e^(2 delta). Where this could move a marginal or a correlation
-by more than RESOLUTION_TOLERANCE, the result is kept only if the states that carry the distribution (those
-within 2 delta + n log 2 + log(4 / tolerance) of the lowest computed energy) all agree on it, as for frozen
-spins at any scale; otherwise a ValueError names the limit. log Z is returned as computed: it is within delta
-of the truth.
+gamma_m = m u / (1 - m u) (u = 2^-53); delta is 0 where every sum is exact: each is a whole multiple of the
+inputs' finest power of two, below 2^53 of it (dyadic inputs, say). That moves no probability by more than a
+factor e^(2 delta). Where this could move a marginal or a correlation by more than RESOLUTION_TOLERANCE, the
+result is kept only if the states that carry the distribution (those within 2 delta + n log 2 + log(4 /
+tolerance) of the lowest computed energy) all agree on it, as for frozen spins at any scale; otherwise a
+ValueError names the limit. log Z is returned as computed: it is within delta of the truth.
 """
 
 from __future__ import annotations
