@@ -56,6 +56,12 @@ def test_later_stages_appear_only_once_decided():
     assert sum("pr-window16-slot16-lr0.003-b12-steps2000-s" in n for n in names) == 5
     assert sum("pr-h-slot16-lr0.01-b12-steps2000-s" in n for n in names) == 5
     assert sum("pr-h-slot16-lr0.01-b12-steps5000-s" in n for n in names) == 3  # stage 4
+    d = dataclasses.replace(d, best_uncoupled="stickbreaking", best_coupled="window8-slot8", equal_compute_steps=None)
+    order = [n.split("-pr-")[1].split("-lr")[0] for n, _ in _runs(d) if "T256" in n]
+    # the lr checks first, then the seeds whose wall times fix stage 4, side by side, then the others
+    assert order[:6] == ["window16-slot16"] * 3 + ["h-slot16"] * 3
+    assert order[6:12] == ["window8-slot8", "stickbreaking"] * 3
+    assert set(order[12:]) == {"window16-slot16", "h-slot16", "softmax-rope"}
 
 
 @pytest.mark.parametrize("losses, steps, chosen", [

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 from ... import coattention, lr_rule
@@ -171,15 +172,21 @@ def priors_grids(field_bias: str, d: Decisions) -> list[Grid]:
     own = own_arms(d)
     grids = [_grid(a, NANOGPT_T, s, lr) for s in LR_SEEDS for a in own for lr in arm_learning_rates(a.name, d)]
     grids += [_grid(a, NANOGPT_T, s, d.best_lr[a.name]) for s in SEEDS for a in own if a.name in d.best_lr]
+    checks, seeds = [], {}
     for name in long_arms(d):
         if name in {a.name for a in REUSED} or name not in d.best_lr:
             continue  # the real-size study ran softmax and h at T = 256; or its stage-1 lr is not decided yet
         if name in DECISIVE:  # stage 3's lr check, then its seeds once LONG_LR is decided
-            grids += [_grid(arms[name], LONG_T, 0, lr) for lr in long_learning_rates(name, d)]
+            checks += [_grid(arms[name], LONG_T, 0, lr) for lr in long_learning_rates(name, d)]
             if name not in d.long_lr:
                 continue
-        seeds = LONG_SEEDS if name in DECISIVE else SEEDS
-        grids += [_grid(arms[name], LONG_T, s, lr_at(name, d, LONG_T)) for s in seeds]
+        seeds[name] = [_grid(arms[name], LONG_T, s, lr_at(name, d, LONG_T))
+                       for s in (LONG_SEEDS if name in DECISIVE else SEEDS)]
+    # the lr checks first; then the seeds of the arms whose wall times fix stage 4, interleaved so that they
+    # share the machine alike; then the others
+    pair = [seeds.pop(n) for n in dict.fromkeys((d.best_coupled, d.best_uncoupled)) if n in seeds]
+    grids += checks + [g for turn in zip_longest(*pair) for g in turn if g is not None]
+    grids += [g for arm in seeds.values() for g in arm]
     if d.equal_compute_steps is not None and d.best_uncoupled is not None:
         name = d.best_uncoupled
         grids += [_grid(arms[name], LONG_T, s, lr_at(name, d, LONG_T), d.equal_compute_steps) for s in SEEDS]
