@@ -109,7 +109,7 @@ def _check_resolved(negative_energy: Tensor, delta: Tensor, values: Tensor, pres
     loose = torch.expm1(2 * delta) > RESOLUTION_TOLERANCE
     if not bool(loose.any()):
         return
-    n = int(negative_energy.shape[-1]).bit_length() - 1
+    n = negative_energy.shape[-1].bit_length() - 1  # 2^n states
     window = 2 * delta + n * math.log(2.0) + math.log(4 / RESOLUTION_TOLERANCE)
     carrying = negative_energy >= negative_energy.amax(-1, keepdim=True) - window[..., None]  # (..., C)
     high = torch.where(carrying[..., None], values, -math.inf).amax(-2)  # (..., k)
