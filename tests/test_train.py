@@ -697,3 +697,17 @@ def test_only_the_iterative_methods_are_watched_for_convergence():
         with on.watch("steps"):
             warnings.warn("did not converge", ConvergenceWarning, stacklevel=2)
     assert not caught and on.found()
+
+
+def test_recorded_values_read_back_exactly_in_their_dtype():
+    """float32 as its shortest decimals (fewer characters than float64's), float64 untouched, bfloat16 exactly."""
+    from boltzmann_attention.experiments.train import float32_list
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, generator=g)
+    assert torch.equal(torch.tensor(float32_list(x), dtype=torch.float32), x)
+    assert len(str(float32_list(x))) < len(str(x.double().tolist()))
+    wide = torch.randn(5, dtype=torch.float64, generator=g)
+    assert torch.equal(torch.tensor(float32_list(wide), dtype=torch.float64), wide)
+    narrow = x.bfloat16()
+    assert torch.equal(torch.tensor(float32_list(narrow)).bfloat16(), narrow)

@@ -442,7 +442,10 @@ def learned_priors(attn: BoltzmannAttention, T: int) -> dict:
 
 
 def float32_list(t: Tensor) -> list:
-    """A tensor's values as nested lists of the shortest decimals that read back to the same float32s."""
+    """A tensor's values as nested lists of the shortest decimals that read back to the same float32s (float64
+    values as they are: Python writes those shortest already; narrower dtypes widen to float32 exactly)."""
+    if t.dtype == torch.float64:
+        return t.detach().cpu().tolist()
     values = t.detach().float().cpu().numpy()
     shortest = np.array([float(str(x)) for x in values.reshape(-1)], dtype=object)  # str of a float32: shortest
     return shortest.reshape(values.shape).tolist()
