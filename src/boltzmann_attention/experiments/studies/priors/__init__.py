@@ -503,12 +503,14 @@ def _pooled(records: list[dict]) -> str:
 ARM_COLORS = {"softmax": "black", "h": "tab:orange", "window16": "tab:blue", "window16-slot16": "tab:cyan",
               "window8-slot8": "tab:purple", "h-slot16": "tab:red", "softmax-rope": "tab:gray",
               "softmax-alibi": "tab:olive", "softmax-slot16": "tab:pink", "fox": "tab:brown",
-              "stickbreaking": "tab:green", "h-alibi": "gold"}
+              "stickbreaking": "tab:green", "h-alibi": "gold", "window16-rope": "navy"}
 
 
 def _plot(res: Results, T: int, curves: dict[str, tuple[Arm, float, int | None]], path: Path) -> None:
     """Each arm's validation loss (mean over seeds of the evaluations during training) against training steps
     (left) and against wall time (right: the evaluation's step times the run's mean seconds per step)."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
     from ...plots import figure, legend, save, title
 
     fig = figure(9.0, 3.6)
@@ -531,6 +533,10 @@ def _plot(res: Results, T: int, curves: dict[str, tuple[Arm, float, int | None]]
     ax.set_xlabel("training step")
     wax.set_xlabel("wall time (min, one run at the arm's mean rate)")
     wax.set_xscale("log")
+    lo, hi = wax.get_xlim()  # label 1-2-5 minutes only: matplotlib's minor labels overlap on a short log range
+    wax.set_xticks([t for t in (0.5, 1, 2, 5, 10, 20, 50, 100, 200) if lo <= t <= hi])
+    wax.xaxis.set_major_formatter(ScalarFormatter())
+    wax.xaxis.set_minor_formatter(NullFormatter())
     for axis, what in ((ax, "steps"), (wax, "wall time")):
         axis.set_ylabel("validation loss (nats per character)")
         axis.tick_params(labelsize=8)
