@@ -555,6 +555,26 @@ def test_wrap_fits_the_width():
     assert wrap(text, 8.5, 9) == text
 
 
+def test_log_x_axis_labels_each_1_2_5_step_in_range_once_and_leaves_short_ranges_to_matplotlib():
+    from matplotlib.ticker import LogLocator
+
+    from boltzmann_attention.experiments.plots import figure, log_x_axis
+
+    ax = figure(4, 3).add_subplot(1, 1, 1)
+    ax.plot([0.3, 22.0], [1, 2])
+    log_x_axis(ax)
+    lo, hi = ax.get_xlim()
+    expected = [t for t in (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if lo <= t <= hi]
+    assert ax.get_xscale() == "log" and np.allclose(ax.get_xticks(), expected) and 0.5 in expected
+    ax.figure.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"{t:g}" for t in expected]
+    assert not any(t.get_text() for t in ax.get_xticklabels(minor=True))
+    short = figure(4, 3).add_subplot(1, 1, 1)
+    short.plot([1.1, 1.8], [1, 2])
+    log_x_axis(short)
+    assert short.get_xscale() == "log" and isinstance(short.xaxis.get_major_locator(), LogLocator)
+
+
 # ---------------------------------------------------------------------------------------------- statistics
 
 def test_paired_statistics_match_scipy():

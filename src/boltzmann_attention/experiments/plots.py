@@ -71,6 +71,22 @@ def window_axis(ax, Ts) -> None:
     ax.set_xticks(Ts)
 
 
+def log_x_axis(ax) -> None:
+    """A log x-axis labelled at 1-2-5 steps in plain numbers, once the data are drawn (matplotlib's default
+    labels only the decades, or, over a short range, also its minor ticks, which then overlap)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    ticks = [m * 10.0 ** e for e in range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+             for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi]
+    if len(ticks) < 2:
+        return  # a range too short for two of them: matplotlib's own labels
+    ax.set_xticks(ticks)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def finish(fig, ax, xlabel: str, ylabel: str, text: str, path: Path):
     """Labels, title and legend of a one-panel plot, then save it."""
     ax.set_xlabel(xlabel)

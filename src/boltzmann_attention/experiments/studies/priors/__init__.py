@@ -509,9 +509,7 @@ ARM_COLORS = {"softmax": "black", "h": "tab:orange", "window16": "tab:blue", "wi
 def _plot(res: Results, T: int, curves: dict[str, tuple[Arm, float, int | None]], path: Path) -> None:
     """Each arm's validation loss (mean over seeds of the evaluations during training) against training steps
     (left) and against wall time (right: the evaluation's step times the run's mean seconds per step)."""
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-
-    from ...plots import figure, legend, save, title
+    from ...plots import figure, legend, log_x_axis, save, title
 
     fig = figure(9.0, 3.6)
     ax, wax = fig.subplots(1, 2)
@@ -532,11 +530,7 @@ def _plot(res: Results, T: int, curves: dict[str, tuple[Arm, float, int | None]]
         wax.plot([s * step_s / 60 for s in common], mean, label=label, **style)
     ax.set_xlabel("training step")
     wax.set_xlabel("wall time (min, one run at the arm's mean rate)")
-    wax.set_xscale("log")
-    lo, hi = wax.get_xlim()  # label 1-2-5 minutes only: matplotlib's minor labels overlap on a short log range
-    wax.set_xticks([t for t in (0.5, 1, 2, 5, 10, 20, 50, 100, 200) if lo <= t <= hi])
-    wax.xaxis.set_major_formatter(ScalarFormatter())
-    wax.xaxis.set_minor_formatter(NullFormatter())
+    log_x_axis(wax)
     for axis, what in ((ax, "steps"), (wax, "wall time")):
         axis.set_ylabel("validation loss (nats per character)")
         axis.tick_params(labelsize=8)

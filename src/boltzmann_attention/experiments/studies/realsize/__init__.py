@@ -291,7 +291,7 @@ ARM_COLORS = {"softmax": "black", "h": "tab:orange", f"window{WINDOW}": "tab:blu
 def _plot(res: Results, T: int, found: dict, path: Path, d: Decisions) -> None:
     """Left: each arm's validation loss against training steps (mean over seeds of the evaluations during
     training); right: its final validation loss (mean ± std) against its ms per step."""
-    from ...plots import figure, legend, save, title
+    from ...plots import figure, legend, log_x_axis, save, title
 
     fig = figure(9.0, 3.4)
     ax, sax = fig.subplots(1, 2)
@@ -309,7 +309,7 @@ def _plot(res: Results, T: int, found: dict, path: Path, d: Decisions) -> None:
     ax.set_xlabel("training step")
     ax.set_ylabel("validation loss (nats per character)")
     title(ax, f"T = {T}: validation loss during training (mean over seeds)")
-    sax.set_xscale("log")
+    log_x_axis(sax)
     sax.set_xlabel("ms per training step (log scale)")
     sax.set_ylabel("final validation loss")
     title(sax, f"T = {T}: loss against cost")
