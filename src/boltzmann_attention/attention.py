@@ -267,7 +267,9 @@ class BoltzmannAttention(nn.Module):
     Position priors (:mod:`boltzmann_attention.positions`), for the field of the Boltzmann modes and the score of
     the softmax ones: ``position='rope'`` rotates queries and keys, ``position='alibi'`` adds ALiBi's fixed
     per-head slopes times -|i - j|, and ``slot_bias=W`` adds one learned scalar per head and per distance
-    0..W-1 (zero at init, no weight decay). Modes 'fox' (forgetting attention, with a per-head forget gate
+    0..W-1 (zero at init, no weight decay); ``slot_bias_parametrization='pairs'`` adds to it the per-slot field
+    -sum_b P_ab of a pair table P parametrised as the coupled window's J, without its interaction term
+    (:class:`~boltzmann_attention.positions.SlotBias`). Modes 'fox' (forgetting attention, with a per-head forget gate
     Linear(embed_dim, num_heads) initialised like the other projections) and 'stickbreaking' are the learned-
     recency baselines of :mod:`boltzmann_attention.recency`; they are causal and take no coupling options.
 
@@ -284,13 +286,15 @@ class BoltzmannAttention(nn.Module):
                  coupling_range: int | None = None, coupling_init_std: float = 0.0,
                  field_bias_init: float | None = None, learn_field_bias: bool = True,
                  bias: bool = True, method_options: dict | None = None, coupling_window: int | None = None,
-                 coupling_window_relative: bool = False, position: str | None = None, slot_bias: int | None = None):
+                 coupling_window_relative: bool = False, position: str | None = None, slot_bias: int | None = None,
+                 slot_bias_parametrization: str = "direct"):
         super().__init__()
         check_layer_sizes(embed_dim, num_heads, max_len, coupling_init_std, field_bias_init)
         check_layer_options(mode, method, method_options, causal=causal, head_dim=embed_dim // num_heads,
                             coupling=coupling, coupling_window=coupling_window,
                             coupling_window_relative=coupling_window_relative, coupling_range=coupling_range,
-                            position=position, slot_bias=slot_bias)
+                            position=position, slot_bias=slot_bias,
+                            slot_bias_parametrization=slot_bias_parametrization)
         recency_mode = mode in RECENCY_MODES
         uses_field, uses_J, uses_K = (True, False, False) if recency_mode else mode_terms(mode)
         if coupling_range is None:
@@ -318,7 +322,7 @@ class BoltzmannAttention(nn.Module):
         self.three_body = ThreeBodyCouplings(num_heads, max_len, coupling_init_std) if uses_K else None
 
         self.position = position
-        self.slot_bias = SlotBias(num_heads, slot_bias) if slot_bias is not None else None
+        self.slot_bias = SlotBias(num_heads, slot_bias, slot_bias_parametrization) if slot_bias is not None else None
         self.forget_gate = nn.Linear(embed_dim, num_heads) if mode == "fox" else None
 
         self.field_bias = None

@@ -15,6 +15,10 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .coupled_window import slot_field
+from .couplings import WindowCouplings
+from .validation import SLOT_BIAS_PARAMETRIZATIONS
+
 
 def distances(L: int, S: int, device=None) -> Tensor:
     """(L, S) integer distance i - j from query row r (position i = S - L + r) to key j; negative for future keys."""
@@ -55,20 +59,40 @@ def alibi_bias(slopes: Tensor, L: int, S: int) -> Tensor:
 
 
 class SlotBias(nn.Module):
-    """One learnable scalar per head and per distance a = i - j in 0..W-1 (slot a: key i - a), 0 beyond.
+    """A learnable bias per head on each of the last W keys of a query, by slot a = i - j in 0..W-1, 0 beyond.
 
-    The uncoupled twin of the coupled window: the same slots, a free bias on each and no couplings between them.
-    Starts at zero. Any length. forward(L, S) gives the (H, L, S) bias in the module's dtype.
+    The uncoupled twin of the coupled window: the same slots, a bias on each and no couplings between them. Any
+    length. forward(L, S) gives the (H, L, S) bias in the module's dtype (queries the last L of S positions).
+
+    parametrization 'direct': one free scalar per head and slot, ``weight`` (H, W). 'pairs': ``weight`` plus
+    the per-slot field -R_a = -sum_b P_ab of a free symmetric table P (H, W, W) with zero diagonal, summed over
+    the slots b whose key exists (i - b >= 0): the coupled window's field term (:func:`...coupled_window.
+    slot_field`) with its interaction term removed, parametrised as the window's J is (``pairs``, a
+    :class:`...couplings.WindowCouplings`), so that it has as many parameters and learns as fast. A
+    key_padding_mask does not enter the sum. Both start at zero.
     """
 
-    def __init__(self, num_heads: int, window: int):
+    def __init__(self, num_heads: int, window: int, parametrization: str = "direct"):
         super().__init__()
-        self.window = window
+        if parametrization not in SLOT_BIAS_PARAMETRIZATIONS:
+            raise ValueError(f"unknown slot_bias_parametrization {parametrization!r}; choose one of "
+                             f"{SLOT_BIAS_PARAMETRIZATIONS}")
+        self.window, self.parametrization = window, parametrization
         self.weight = nn.Parameter(torch.zeros(num_heads, window))
         self.weight._no_weight_decay = True
+        self.pairs = WindowCouplings(num_heads, window) if parametrization == "pairs" else None
 
     def forward(self, L: int, S: int) -> Tensor:
         distance = distances(L, S, self.weight.device)
         slot = torch.where((distance >= 0) & (distance < self.window), distance, self.window)  # W: the zero column
         table = torch.cat([self.weight, self.weight.new_zeros(self.weight.shape[0], 1)], dim=1)
-        return table[:, slot]
+        bias = table[:, slot]
+        if self.pairs is not None:
+            bias = bias + slot_field(self.pairs(), L, S, offset=S - L)
+        return bias
+
+    def full_window(self) -> Tensor:
+        """(H, W): the bias of slot a at a query whose W slots all hold keys (i >= W - 1)."""
+        if self.pairs is None:
+            return self.weight
+        return self.weight - self.pairs().sum(-1)

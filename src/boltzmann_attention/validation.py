@@ -36,6 +36,7 @@ MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
 RECENCY_MODES = ("fox", "stickbreaking")  # the module's learned-recency baselines (boltzmann_attention.recency)
 LAYER_MODES = MODES + RECENCY_MODES
 POSITIONS = ("rope", "alibi")  # the module's relative position schemes (boltzmann_attention.positions)
+SLOT_BIAS_PARAMETRIZATIONS = ("direct", "pairs")  # positions.SlotBias: a scalar per slot, or plus a pair table's field
 COUPLINGS = ("full", "relative", "window")
 WINDOW_MODES = ("h+J", "J")  # the coupled window: pairwise couplings, no three-body terms
 
@@ -199,10 +200,12 @@ def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
 def check_layer_options(mode: str, method, method_options: dict | None, *, causal: bool, head_dim: int,
                         coupling: str = "full", coupling_window: int | None = None,
                         coupling_window_relative: bool = False, coupling_range: int | None = None,
-                        position: str | None = None, slot_bias: int | None = None) -> None:
+                        position: str | None = None, slot_bias: int | None = None,
+                        slot_bias_parametrization: str = "direct") -> None:
     """:func:`check_options` for the module, which also takes the recency modes ('fox', 'stickbreaking': softmax
     variants without couplings, so no coupling or method option applies to them), a position scheme
-    (None, 'rope' or 'alibi') and ``slot_bias`` (None or the number W >= 1 of slots with a learned bias)."""
+    (None, 'rope' or 'alibi'), ``slot_bias`` (None or the number W >= 1 of slots with a learned bias) and its
+    ``slot_bias_parametrization`` (one of SLOT_BIAS_PARAMETRIZATIONS; only with a slot bias)."""
     if not isinstance(mode, str) or mode not in LAYER_MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {LAYER_MODES}")
     if mode in RECENCY_MODES:
@@ -227,6 +230,12 @@ def check_layer_options(mode: str, method, method_options: dict | None, *, causa
             raise ValueError(f"position 'rope' rotates channel pairs: the head dimension {head_dim} must be even")
     if slot_bias is not None:
         check_int("slot_bias", slot_bias, 1)
+    if not isinstance(slot_bias_parametrization, str) or slot_bias_parametrization not in SLOT_BIAS_PARAMETRIZATIONS:
+        raise ValueError(f"unknown slot_bias_parametrization {slot_bias_parametrization!r}; choose one of "
+                         f"{SLOT_BIAS_PARAMETRIZATIONS}")
+    if slot_bias is None and slot_bias_parametrization != "direct":
+        raise ValueError(f"slot_bias_parametrization {slot_bias_parametrization!r} parametrises the slot bias: set "
+                         "slot_bias = W as well")
 
 
 def check_sizes(init_std: float = 0.0, **sizes: int) -> None:

@@ -31,7 +31,7 @@ from ..attention import BoltzmannAttention
 from ..ising.annealing import MAX_SPINS as DQA_MAX_SPINS
 from ..ising.banded import MAX_BANDWIDTH as BANDED_MAX_BANDWIDTH
 from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
-from ..validation import LAYER_MODES
+from ..validation import LAYER_MODES, SLOT_BIAS_PARAMETRIZATIONS
 from . import data as datasets
 
 TASKS = ("shakespeare", "brackets")
@@ -99,6 +99,10 @@ class AttentionConfig:
     learn_field_bias: bool = option(True, "whether the field bias is learned")
     slot_bias: int | None = option(None, "W: a learned bias per head on the score or field of each query's last W "
                                          "keys, by distance (none: off)")
+    slot_bias_parametrization: str = option("direct", "the slot bias: direct (a free scalar per slot) or pairs (plus "
+                                                      "the per-slot field -sum_b P_ab of a pair table P, "
+                                                      "parametrised as the coupled window's J)",
+                                            choices=SLOT_BIAS_PARAMETRIZATIONS)
 
 
 @dataclass
@@ -111,6 +115,7 @@ class OptimConfig:
     beta2: float = option(0.95, "AdamW's second-moment decay")
     fused_optimizer: bool = option(True, "AdamW's fused kernel (false: the per-tensor loop)")
     coupling_lr_multiplier: float = option(1.0, "learning rate of J and K relative to lr")
+    slot_bias_lr_multiplier: float = option(1.0, "learning rate of the slot bias (its pair table too) relative to lr")
 
 
 @dataclass
@@ -199,14 +204,16 @@ class TrainConfig:
         _number("weight_decay", o.weight_decay, at_least=0.0)
         _number("grad_clip", o.grad_clip, above=0.0, allow_inf=True)  # inf: no clipping
         _number("coupling_init_std", a.coupling_init_std, at_least=0.0)
-        _number("coupling_lr_multiplier", o.coupling_lr_multiplier, above=0.0)
+        for name in ("coupling_lr_multiplier", "slot_bias_lr_multiplier"):
+            _number(name, getattr(o, name), above=0.0)
         if a.field_bias_init is not None:
             _number("field_bias_init", a.field_bias_init)
         for owner, name in ((a, "learn_field_bias"), (o, "fused_optimizer"), (d, "deduplicate"),
                             (a, "coupling_window_relative")):
             if not isinstance(getattr(owner, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(owner, name)!r}")
-        for name, value in (("lr", o.lr), ("lr * coupling_lr_multiplier", o.lr * o.coupling_lr_multiplier)):
+        for name, value in (("lr", o.lr), ("lr * coupling_lr_multiplier", o.lr * o.coupling_lr_multiplier),
+                            ("lr * slot_bias_lr_multiplier", o.lr * o.slot_bias_lr_multiplier)):
             if value > FLOAT32_MAX:
                 raise ValueError(f"{name} = {value:g} overflows float32, the training precision")
         if o.lr * o.weight_decay >= 1.0:
@@ -223,6 +230,9 @@ class TrainConfig:
             BoltzmannAttention(m.d_model, m.n_heads, max_len=d.T, causal=True, position=LAYER_POSITION[m.position],
                                **asdict(a))
         self._check_limits()
+        if o.slot_bias_lr_multiplier != 1.0 and a.slot_bias is None:
+            raise ValueError(f"slot_bias_lr_multiplier = {o.slot_bias_lr_multiplier:g} scales the slot bias's "
+                             "learning rate, and this model has none: set slot_bias = W or keep it at 1")
         for name in ("min_fill", "max_fill", "open_probability"):
             _number(name, getattr(d, name), at_least=0.0, at_most=1.0)
         datasets.word_pairs(d.T, d.min_fill, d.max_fill)  # some word length fits at this T

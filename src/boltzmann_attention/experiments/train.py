@@ -52,6 +52,7 @@ from .. import ising
 from ..attention import BoltzmannAttention, parameter_groups
 from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
 from ..ising.meanfield import ConvergenceWarning
+from ..positions import SlotBias
 from ..provenance import machine_info
 from . import coattention
 from . import data as datasets
@@ -126,13 +127,19 @@ def _lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def build_optimizer(model: Model, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW over :func:`parameter_groups`, with the couplings (J, K) and the slot biases (their pair tables
+    included) in groups of their own at lr x coupling_lr_multiplier and lr x slot_bias_lr_multiplier."""
     groups = parameter_groups(model, cfg.optim.weight_decay)
-    couplings = [p for name, p in model.named_parameters() if ("couplings" in name or "three_body" in name)]
-    if couplings and cfg.optim.coupling_lr_multiplier != 1.0:
-        ids = {id(p) for p in couplings}
-        for g in groups:
-            g["params"] = [p for p in g["params"] if id(p) not in ids]
-        groups.append({"params": couplings, "weight_decay": 0.0, "lr_multiplier": cfg.optim.coupling_lr_multiplier})
+    slot_biases = {id(p) for m in model.modules() if isinstance(m, SlotBias) for p in m.parameters()}
+    scaled = (([p for name, p in model.named_parameters() if ("couplings" in name or "three_body" in name)
+                and id(p) not in slot_biases], cfg.optim.coupling_lr_multiplier),
+              ([p for p in model.parameters() if id(p) in slot_biases], cfg.optim.slot_bias_lr_multiplier))
+    for params, multiplier in scaled:
+        if params and multiplier != 1.0:
+            ids = {id(p) for p in params}
+            for g in groups:
+                g["params"] = [p for p in g["params"] if id(p) not in ids]
+            groups.append({"params": params, "weight_decay": 0.0, "lr_multiplier": multiplier})
     for g in groups:
         g["lr"] = cfg.optim.lr * g.get("lr_multiplier", 1.0)
     # fused AdamW: one kernel over all parameters instead of a dozen ops per tensor (the paper's model has
@@ -428,9 +435,10 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
 
 
 def learned_priors(attn: BoltzmannAttention, T: int) -> dict:
-    """The layer's learned couplings ((H, T, T), or (H, W, W) by slot for the window), field bias (H,) and slot
-    bias (H, W), as lists of each float32 value's shortest decimal (it reads back to the same float32, in half
-    the characters of its float64 digits); only those it has."""
+    """The layer's learned couplings ((H, T, T), or (H, W, W) by slot for the window), field bias (H,), slot
+    bias (H, W) and, for the pairs parametrisation, its pair table P (H, W, W) (``slot_bias_pairs``), as lists
+    of each float32 value's shortest decimal (it reads back to the same float32, in half the characters of its
+    float64 digits); only those it has."""
     out = {}
     if attn.couplings is not None:
         out["couplings"] = float32_list(attn.couplings(T))
@@ -438,6 +446,8 @@ def learned_priors(attn: BoltzmannAttention, T: int) -> dict:
         out["field_bias"] = float32_list(attn.field_bias)
     if attn.slot_bias is not None:
         out["slot_bias"] = float32_list(attn.slot_bias.weight)
+        if attn.slot_bias.pairs is not None:
+            out["slot_bias_pairs"] = float32_list(attn.slot_bias.pairs())
     return out
 
 
