@@ -637,9 +637,9 @@ def test_the_study_registry():
     from boltzmann_attention.experiments.sweep import DEFAULT_FIELD_BIAS
 
     assert studies.profiles() == ("quick", "full", "baselines", "brackets-calibration", "brackets-hard", "fair",
-                                  "priors", "realsize", "sampling", "dqa-boltzmann")
+                                  "priors", "realsize", "sampling", "dqa-boltzmann", "twin")
     assert [studies.name(s) for s in studies.all_studies()] == ["paper", "baselines", "brackets", "fair", "priors",
-                                                                "realsize", "sampling"]
+                                                                "realsize", "sampling", "twin"]
     for study in studies.all_studies():
         assert callable(study.owns) and callable(study.report) and study.PROFILES
         assert set(study.HELP) == set(study.PROFILES), studies.name(study)
@@ -744,7 +744,7 @@ def test_a_new_study_is_its_folder_alone(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         cli.main(["reproduce", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
-    assert "toy: a toy study written by the test" in shown and "dqa-boltzmann,toy}" in shown
+    assert "toy: a toy study written by the test" in shown and "dqa-boltzmann,toy,twin}" in shown
 
     write_run(tmp_path / "results", "brackets", 4, "softmax", 0, variant="toy", val=brackets_metrics(0.9),
               test=brackets_metrics(0.9))

@@ -1,0 +1,139 @@
+"""The twin study: its grids follow the protocol's stages, its rules choose as written, the priors runs it
+counts have exactly its configs."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from boltzmann_attention.experiments import studies
+from boltzmann_attention.experiments.config import TrainConfig
+from boltzmann_attention.experiments.results import load_runs
+from boltzmann_attention.experiments.studies.twin import grids as G
+from boltzmann_attention.experiments.sweep import Grid
+
+PRIORS_ARCHIVE = Path(__file__).parents[1] / "report" / "priors" / "runs.jsonl.gz"
+
+
+def _names(d):
+    return [name for grid in G.twin_grids("learn-half-log-T", d) for name, _ in grid.runs()]
+
+
+def test_the_profile_is_registered_and_its_configs_are_valid():
+    grids = studies.profile("twin")
+    assert grids
+    for grid in grids:
+        for _, cfg in grid.runs():
+            cfg.validate()
+
+
+def test_stage_a1_is_every_tuned_arm_at_every_multiplier_less_the_priors_runs_and_the_undecided_free_c_arms():
+    names = _names(G.Decisions())
+    short = sorted(n.split("-tw-")[1] for n in names if "T64" in n)
+    assert short == sorted(
+        [f"window{w}-slot{w}-jlr{c}-slr1-s0" for w in (16, 8) for c in ("0.25", "4")]
+        + [f"h-slot16-slr{s}-s0" for s in (4, 16, 64)]
+        + [f"h-pairs{w}-slr{p}-s0" for w in (16, 8) for p in ("0.25", "1", "4")])
+    # before any decision, T = 256 has only the arms that need none: h-rope, and softmax-rope's and
+    # stickbreaking's seeds 3-4 (0-2 are the priors study's)
+    long = sorted(n.split("-exact-")[1] for n in names if "T256" in n)
+    assert long == sorted([f"tw-h-rope-s{s}" for s in G.SEEDS]
+                          + [f"pr-{a}-lr0.003-b12-steps2000-s{s}" for a in ("softmax-rope", "stickbreaking")
+                             for s in (3, 4)])
+
+
+def _flat(setting):
+    return TrainConfig.build(T=setting.T, mode=G.ARMS[setting.arm].mode, **setting.overrides).flat()
+
+
+def test_the_twins_differ_from_the_coupled_window_as_the_protocol_says():
+    d = G.Decisions()
+    window, pairs, direct = (_flat(G.with_multiplier(arm, m, d)) for arm, m in (
+        ("window16-slot16", 1.0), ("h-pairs16", 1.0), ("h-slot16", 4.0)))
+    assert {k for k in window if window[k] != pairs[k]} == {"mode", "coupling", "coupling_window",
+                                                              "slot_bias_parametrization"}
+    assert {k for k in window if window[k] != direct[k]} == {"mode", "coupling", "coupling_window",
+                                                               "slot_bias_lr_multiplier"}
+    assert pairs["slot_bias_parametrization"] == "pairs" and direct["slot_bias_lr_multiplier"] == 4.0
+
+
+@pytest.mark.skipif(not PRIORS_ARCHIVE.exists(), reason="the priors archive is not in this checkout")
+def test_the_priors_runs_it_counts_are_in_the_archive_with_exactly_its_configs():
+    runs = {r.name: r for r in load_runs(PRIORS_ARCHIVE)}
+    for (arm, T, steps), seeds in G.IN_PRIORS.items():
+        g = G.Setting(arm, T, steps=steps).grid(G.SEEDS)
+        for name, cfg in Grid(g.tasks, g.Ts, g.modes, g.methods, seeds, g.variant, g.overrides).runs():
+            saved = TrainConfig.from_dict(runs[name].config).flat()
+            assert saved == cfg.flat(), name
+        assert not g.seeds or set(g.seeds).isdisjoint(seeds)  # not run again
+
+
+@pytest.mark.parametrize("losses, expected", [
+    ({1.0: 1.70, 4.0: 1.69, 16.0: 1.60, 64.0: 1.65}, 16.0),
+    ({1.0: 1.700, 4.0: 1.695, 16.0: 1.6951}, 1.0),    # all within 0.01: the fewest steps from 1
+    ({0.25: 1.60, 4.0: 1.60, 1.0: 1.70}, 0.25),       # tied and as far from 1: the smaller
+    ({0.25: 1.60, 1.0: 1.605, 4.0: 1.70}, 1.0),
+    ({}, None),
+])
+def test_the_multiplier_rule(losses, expected):
+    assert G.choose_multiplier(losses) == expected
+
+
+def test_edge_extension_and_neighbours():
+    assert G.edge_extension(64.0, (1.0, 4.0, 16.0, 64.0)) == 256.0
+    assert G.edge_extension(0.25, (0.25, 1.0, 4.0)) == 0.0625
+    assert G.edge_extension(1.0, (0.25, 1.0, 4.0)) is None
+    assert G.neighbours(16.0) == (4.0, 16.0, 64.0)
+    d = G.Decisions(extra_multipliers={"h-slot16": (256.0,)})
+    assert G.multipliers("h-slot16", d) == (1.0, 4.0, 16.0, 64.0, 256.0)
+    assert any("h-slot16-slr256-s0" in n for n in _names(d))
+
+
+def test_later_stages_appear_only_once_decided():
+    d = G.Decisions(multiplier={"window16-slot16": 1.0, "window8-slot8": 4.0, "h-slot16": 16.0, "h-pairs16": 1.0,
+                                "h-pairs8": 0.25})
+    names = _names(d)
+    # A2: each window at its c with the slot bias at h-slot16's s; A3 only for the arms without a window
+    assert sum("T64" in n and "slr16" in n and "window" in n for n in names) == 2
+    assert "shakespeare-T64-h+J-exact-tw-window8-slot8-jlr4-slr16-s0" in names
+    checks = sorted(n.split("-tw-")[1] for n in names if "T256" in n and "-tw-h-rope-" not in n and "-tw-" in n)
+    assert checks == sorted([f"h-slot16-slr{s}-s0" for s in (4, 16, 64)] + [f"h-pairs16-slr{p}-s0" for p in
+                                                                           ("0.25", "1", "4")]
+                            + [f"h-pairs8-slr{p}-s0" for p in ("0.0625", "0.25", "1")])
+    d = dataclasses.replace(d, window_slot_multiplier={"window16-slot16": 1.0, "window8-slot8": 16.0})
+    names = _names(d)
+    assert "shakespeare-T256-h+J-exact-pr-window16-slot16-lr0.003-b12-steps2000-s0" not in names  # the archive's
+    assert "shakespeare-T256-h+J-exact-tw-window16-slot16-jlr4-slr1-s0" in names
+    assert "shakespeare-T256-h+J-exact-tw-window8-slot8-jlr16-slr16-s0" in names
+    assert not any("rope-jlr" in n or "rope-slot16" in n for n in names)  # stage C's borrowers wait for A3
+    d = dataclasses.replace(d, long_multiplier={"window16-slot16": 1.0, "window8-slot8": 4.0, "h-slot16": 64.0,
+                                                "h-pairs16": 1.0, "h-pairs8": 0.25})
+    names = set(_names(d))
+    for variant, seeds in (("pr-window16-slot16-lr0.003-b12-steps2000", ()), ("tw-h-slot16-slr64", G.SEEDS),
+                           ("tw-window8-slot8-jlr4-slr16", G.SEEDS), ("tw-window16-rope-jlr1", G.SEEDS),
+                           ("tw-window8-rope-jlr4", G.SEEDS), ("tw-h-rope-slot16-slr64", G.SEEDS),
+                           ("tw-h-pairs8-slr0.25", G.SEEDS)):
+        assert {s for s in G.SEEDS if any(n.endswith(f"-{variant}-s{s}") and "T256" in n for n in names)} == set(seeds)
+    d = dataclasses.replace(d, equal_compute_arm="stickbreaking", equal_compute_steps=1574)
+    assert not any("steps1574" in n for n in _names(d) if n.endswith(("-s0", "-s1", "-s2")))  # the archive's
+    assert sum("stickbreaking-lr0.003-b12-steps1574" in n for n in _names(d)) == 2
+
+
+def _results(*variants):
+    import json
+    from dataclasses import asdict
+
+    from boltzmann_attention.experiments.results import Results, _load_run
+
+    runs = []
+    for v in variants:
+        run = {"config": asdict(TrainConfig.build(T=4, mode="softmax")), "variant": v,
+               "metrics": {"val": {"loss": 1.0, "ppl": 2.7, "loss_last": 1.0, "ppl_last": 2.7}}}
+        runs.append(_load_run(Path(f"{v}.json"), json.dumps(run)))
+    return Results(runs)
+
+
+def test_the_study_owns_its_runs_with_the_priors_configs_it_reruns():
+    assert studies.study_of(_results("tw-h-rope", "pr-stickbreaking-lr0.003-b12-steps2000")).__name__.endswith("twin")
+    assert studies.study_of(_results("pr-stickbreaking-lr0.003-b12-steps2000")).__name__.endswith("priors")
+    assert not studies.study_of(_results("tw-h-rope", "base")).__name__.endswith("twin")
