@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import coattention
 from .plots import plot_couplings, plot_distance, plot_fits, plot_metric
 from .results import BASELINE, INFO_KEYS, Group, Results, Run, load_runs, mode_rank, variant_rank
 from .stats import (
@@ -33,6 +34,8 @@ from .stats import (
     Paired,
     distance_r2,
     fit_exponential,
+    millinats,
+    paired,
     point_difference,
     relative_improvement,
     seed_correlation,
@@ -42,6 +45,7 @@ from .tables import (
     counted,
     duration,
     fmt_comparison,
+    fmt_interval,
     fmt_num,
     fmt_p,
     fmt_pm,
@@ -498,3 +502,68 @@ def summarize(verdicts: list[Verdict]) -> str:
     word = "agrees" if n_agree == len(measured) else "does not agree" if n_agree == 0 else "partly agrees"
     return (f"{word}: {n_agree} of {len(measured)} comparisons agree, {n_supported} of them backed by a "
             f"paired t-test over ≥ {MIN_TESTED} seeds")
+
+
+# ------------------------------------------------------------------ the coupled window: per-slot field or co-attention
+
+def fmt_difference(reference: dict[int, float], other: dict[int, float]) -> str:
+    """reference - other in millinats, paired over seeds: "mean [95% interval] (n = k)" ("" without a pair)."""
+    c = paired(reference, other, millinats)
+    if c is None:
+        return ""
+    return f"{fmt_interval(c) if c.n >= 2 else fmt_num(c.mean, 1, signed=True)} (n = {c.n})"
+
+
+def coattention_section(entries: list[tuple[str, int, Group | None]], note: str = "") -> list[str]:
+    """Per coupled arm and T (``entries``: name, T and its runs, or None): the decomposition training recorded
+    (:mod:`.coattention`), per layer and head over seeds, and the validation loss with the couplings replaced
+    by their per-slot field or removed; ``note`` closes the first paragraph."""
+    weights, losses = [], []
+    for name, T, g in entries:
+        found = {s: r.raw["coattention"] for s, r in (g.runs.items() if g else ()) if r.raw.get("coattention")}
+        if not found:
+            continue
+        for layer in range(len(next(iter(found.values()))["layers"])):
+            records = [x["layers"][layer] for x in found.values()]
+            per_head = [[r["explained"][h] for r in records] for h in range(len(records[0]["explained"]))]
+            weights.append([name, str(T), str(layer), _pooled(records),
+                            " ".join(_median_or_dash(v) for v in per_head),
+                            fmt_num(statistics.mean(e for r in records for e in r["field_only_error"]), 3),
+                            fmt_num(statistics.mean(e for r in records for e in r["coupling_effect"]), 3)])
+        exact = {s: x["loss"]["exact"] for s, x in found.items()}
+        losses.append([name, str(T), fmt_stat(stat(exact.values()), digits=4),
+                       *(fmt_difference({s: x["loss"][v] for s, x in found.items()}, exact)
+                         for v in ("field only", "uncoupled"))])
+    if not weights:
+        return []
+    return ["## The couplings: a per-slot field or co-attention?", "",
+            "Given the other keys, the log-odds that window key i - a is attended is 2 (h_a - R_a) + "
+            "4 sum_b J_ab n_b (R_a = sum_b J_ab): a fixed field per slot, which a position bias can also give, and "
+            "co-attention. Each coupled run is measured after training on the same inputs in three versions: exact; "
+            "field only (the couplings replaced by their per-slot field -R_a); uncoupled (sigmoid attention on the "
+            "same fields). Explained: 1 - sum (a - a_field)^2 / sum (a - a_uncoupled)^2 over the window's keys of "
+            f"{coattention.ANALYSIS_WINDOWS} validation windows (1: the couplings act as a position bias; 0 or "
+            "below: their effect is co-attention), pooled over the layer's heads and the seeds, and per head as "
+            "the median over seeds (a head whose couplings barely change its weights can have any value)."
+            + (f" {note}" if note else ""), "",
+            md_table(["arm", "T", "layer", "explained, pooled", "explained by head", "mean |a - a_field|",
+                      "mean |a - a_uncoupled|"], weights), "",
+            "Validation loss of the trained model in each version (the same weights; only the coupled windows "
+            "change): the version's loss minus the exact loss, in millinats, paired over seeds; positive = the "
+            "version's loss is higher, i.e. what the part of the couplings it drops contributes.", "",
+            md_table(["arm", "T", "exact loss", "field only vs exact, Δ mnats", "uncoupled vs exact, Δ mnats"],
+                     losses), ""]
+
+
+def _median_or_dash(values: list) -> str:
+    values = [v for v in values if v is not None]
+    return f"{statistics.median(values):.2f}" if values else "-"
+
+
+def _pooled(records: list[dict]) -> str:
+    """1 - sum field_only_square / sum coupling_square over the heads and runs of ``records`` ("-" when a record
+    lacks the squares)."""
+    if not all("coupling_square" in r for r in records):
+        return "-"
+    effect = sum(c for r in records for c in r["coupling_square"])
+    return f"{1 - sum(f for r in records for f in r['field_only_square']) / effect:.3f}" if effect else "-"

@@ -93,6 +93,28 @@ class Paired:
     def significant(self, alpha: float = ALPHA) -> bool:
         return self.p is not None and self.p < alpha
 
+    def tost_p(self, margin: float) -> float | None:
+        """Two one-sided t-tests of equivalence within +-margin (Schuirmann): the larger of the p-values of
+        H0: mean <= -margin and H0: mean >= +margin; None with fewer than 2 paired seeds. Below alpha: the
+        (1 - 2 alpha) t interval lies inside (-margin, +margin). Tested on the per-seed differences."""
+        if self.n < 2 or self.per_seed is None:
+            return None
+        if not margin > 0:
+            raise ValueError(f"the equivalence margin must be > 0, got {margin!r}")
+        if self.std == 0.0:
+            return 0.0 if abs(self.mean) < margin else 1.0
+        from scipy.stats import t
+
+        se = self.std / math.sqrt(self.n)
+        lower = float(t.sf((self.mean + margin) / se, self.n - 1))   # H0: mean <= -margin
+        upper = float(t.cdf((self.mean - margin) / se, self.n - 1))  # H0: mean >= +margin
+        return max(lower, upper)
+
+    def equivalent(self, margin: float, alpha: float = ALPHA) -> bool:
+        """Whether TOST at ``alpha`` finds the difference within +-margin."""
+        p = self.tost_p(margin)
+        return p is not None and p < alpha
+
 
 def paired(a: dict[int, float], b: dict[int, float], fn: Callable[[float, float], float]) -> Paired | None:
     """fn(a_s, b_s) over the seeds s present in both (None when they share no seed)."""

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 
-from ... import coattention, lr_rule
+from ... import lr_rule
 from ...recipes import NANOGPT, NANOGPT_T
-from ...report import ReportContext, archive_runs, header_section, lr_decision_notes, protocol_sections
+from ...report import ReportContext, archive_runs, fmt_difference, header_section, lr_decision_notes, protocol_sections
+from ...report import coattention_section as shared_coattention_section
 from ...results import NO_MEASURES, Results
 from ...stats import millinats, paired, stat
 from ...sweep import Grid, beyond
-from ...tables import fmt_interval, fmt_num, fmt_stat, md_table, table_with_holm
+from ...tables import fmt_num, fmt_stat, md_table, table_with_holm
 
 
 @dataclass(frozen=True)
@@ -419,12 +420,12 @@ def what_couplings_add(res: Results, d: Decisions) -> list[str]:
             a = per_seed(res, arms[coupled], lr_c, T)["loss"]
             b = per_seed(res, arms[uncoupled], lr_u, T)["loss"]
             rows.append([f"{coupled} vs {uncoupled}", f"T = {T}, {LONG_STEPS if T != NANOGPT_T else NANOGPT['steps']}"
-                         " steps each", _difference(b, a)])
+                         " steps each", fmt_difference(b, a)])
         if d.equal_compute_steps is not None and (coupled, uncoupled) == (d.best_coupled, d.best_uncoupled):
             a = per_seed(res, arms[coupled], lr_at(coupled, d, LONG_T), LONG_T)["loss"]
             b = per_seed(res, arms[uncoupled], lr_at(uncoupled, d, LONG_T), LONG_T, d.equal_compute_steps)["loss"]
             rows.append([f"{coupled} vs {uncoupled}", f"T = {LONG_T}, equal wall time ({uncoupled}: "
-                         f"{d.equal_compute_steps} steps)", _difference(b, a)])
+                         f"{d.equal_compute_steps} steps)", fmt_difference(b, a)])
     rows = [r for r in rows if r[2]]
     if not rows:
         return []
@@ -434,70 +435,16 @@ def what_couplings_add(res: Results, d: Decisions) -> list[str]:
             md_table(["comparison", "at", "Δ mnats"], rows), ""]
 
 
-def _difference(uncoupled: dict[int, float], coupled: dict[int, float]) -> str:
-    c = paired(uncoupled, coupled, millinats)
-    if c is None:
-        return ""
-    return f"{fmt_interval(c) if c.n >= 2 else fmt_num(c.mean, 1, signed=True)} (n = {c.n})"
-
-
 def coattention_section(res: Results, d: Decisions) -> list[str]:
-    """Per coupled arm of this study and T: the decomposition recorded by training (:mod:`...coattention`),
-    per layer and head over seeds, and the validation loss with the couplings replaced by their per-slot field
-    or removed."""
-    arms = {a.name: a for a in own_arms(d) if a.coupled}
-    weights, losses = [], []
-    for name, arm in arms.items():
+    """Per coupled arm of this study and T: the decomposition recorded by training (:func:`...report.
+    coattention_section`); the real-size window16 runs kept no trained model and are not measured."""
+    entries = []
+    for name, arm in ((a.name, a) for a in own_arms(d) if a.coupled):
         for T in (NANOGPT_T, LONG_T):
             lr = lr_at(name, d, T)
-            g = _group(res, arm, lr, T) if lr is not None else None
-            found = {s: r.raw["coattention"] for s, r in (g.runs.items() if g else ()) if r.raw.get("coattention")}
-            if not found:
-                continue
-            for layer in range(len(next(iter(found.values()))["layers"])):
-                records = [x["layers"][layer] for x in found.values()]
-                per_head = [[r["explained"][h] for r in records] for h in range(len(records[0]["explained"]))]
-                weights.append([name, str(T), str(layer), _pooled(records),
-                                " ".join(_median_or_dash(v) for v in per_head),
-                                fmt_num(statistics.mean(e for r in records for e in r["field_only_error"]), 3),
-                                fmt_num(statistics.mean(e for r in records for e in r["coupling_effect"]), 3)])
-            exact = {s: x["loss"]["exact"] for s, x in found.items()}
-            losses.append([name, str(T), fmt_stat(stat(exact.values()), digits=4),
-                           *(_difference({s: x["loss"][v] for s, x in found.items()}, exact)
-                             for v in ("field only", "uncoupled"))])
-    if not weights:
-        return []
-    return ["## The couplings: a per-slot field or co-attention?", "",
-            "Given the other keys, the log-odds that window key i - a is attended is 2 (h_a - R_a) + "
-            "4 sum_b J_ab n_b (R_a = sum_b J_ab): a fixed field per slot, which a position bias can also give, and "
-            "co-attention. Each coupled run is measured after training on the same inputs in three versions: exact; "
-            "field only (the couplings replaced by their per-slot field -R_a); uncoupled (sigmoid attention on the "
-            "same fields). Explained: 1 - sum (a - a_field)^2 / sum (a - a_uncoupled)^2 over the window's keys of "
-            f"{coattention.ANALYSIS_WINDOWS} validation windows (1: the couplings act as a position bias; 0 or "
-            "below: their effect is co-attention), pooled over the layer's heads and the seeds, and per head as "
-            "the median over seeds (a head whose couplings barely change its weights can have any value). The "
-            "real-size window16 runs kept no trained model and are not measured.", "",
-            md_table(["arm", "T", "layer", "explained, pooled", "explained by head", "mean |a - a_field|",
-                      "mean |a - a_uncoupled|"], weights), "",
-            "Validation loss of the trained model in each version (the same weights; only the coupled windows "
-            "change): the version's loss minus the exact loss, in millinats, paired over seeds; positive = the "
-            "version's loss is higher, i.e. what the part of the couplings it drops contributes.", "",
-            md_table(["arm", "T", "exact loss", "field only vs exact, Δ mnats", "uncoupled vs exact, Δ mnats"],
-                     losses), ""]
-
-
-def _median_or_dash(values: list) -> str:
-    values = [v for v in values if v is not None]
-    return f"{statistics.median(values):.2f}" if values else "-"
-
-
-def _pooled(records: list[dict]) -> str:
-    """1 - sum field_only_square / sum coupling_square over the heads and runs of ``records`` ("-" when a record
-    lacks the squares)."""
-    if not all("coupling_square" in r for r in records):
-        return "-"
-    effect = sum(c for r in records for c in r["coupling_square"])
-    return f"{1 - sum(f for r in records for f in r['field_only_square']) / effect:.3f}" if effect else "-"
+            entries.append((name, T, _group(res, arm, lr, T) if lr is not None else None))
+    return shared_coattention_section(entries, "The real-size window16 runs kept no trained model and are not "
+                                               "measured.")
 
 
 ARM_COLORS = {"softmax": "black", "h": "tab:orange", "window16": "tab:blue", "window16-slot16": "tab:cyan",
