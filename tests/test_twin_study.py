@@ -2,6 +2,7 @@
 counts have exactly its configs."""
 
 import dataclasses
+import importlib
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,76 @@ def test_the_study_owns_its_runs_with_the_priors_configs_it_reruns():
     assert studies.study_of(_results("tw-h-rope", "pr-stickbreaking-lr0.003-b12-steps2000")).__name__.endswith("twin")
     assert studies.study_of(_results("pr-stickbreaking-lr0.003-b12-steps2000")).__name__.endswith("priors")
     assert not studies.study_of(_results("tw-h-rope", "base")).__name__.endswith("twin")
+
+
+def _write(root, losses):
+    """A seed-0 result JSON per setting with its validation loss ({Setting: loss})."""
+    import json
+    import math
+    from dataclasses import asdict
+
+    for setting, loss in losses.items():
+        grid = Grid(("shakespeare",), (setting.T,), (G.ARMS[setting.arm].mode,), ("exact",), (G.TUNING_SEED,),
+                    setting.variant, setting.overrides)
+        for name, cfg in grid.runs():
+            val = {"loss": loss, "ppl": math.exp(loss), "loss_last": loss, "ppl_last": math.exp(loss)}
+            result = {"run": name, "variant": grid.variant, "config": asdict(cfg), "seed": cfg.seed,
+                      "steps_run": cfg.steps, "wall_time_s": 100.0, "metrics": {"val": val},
+                      "history": [{"step": cfg.steps, "train_loss": 1.0, **val}], "machine": "x86_64", "cpus": 2,
+                      "torch": "2.13.0", "python": "3.11", "commit": "abc"}
+            path = root / "runs" / f"{name}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result))
+
+
+def test_the_rules_decide_from_the_runs_and_the_report_shows_them(tmp_path):
+    from boltzmann_attention.experiments.report import ReportContext
+    from boltzmann_attention.experiments.results import Results
+    R = importlib.import_module("boltzmann_attention.experiments.studies.twin.report")  # the module, not report()
+
+    d = G.Decisions()
+    # A1: h-slot16 best at 64 (the edge: add 256), h-pairs16 best at 4 but within the tie of 1 (so 1), the
+    # others level everywhere (so 1)
+    chosen = {("h-slot16", 1.0): 1.76, ("h-slot16", 4.0): 1.74, ("h-slot16", 16.0): 1.72, ("h-slot16", 64.0): 1.70,
+              ("h-pairs16", 4.0): 1.695, ("h-pairs16", 1.0): 1.70, ("h-pairs16", 0.25): 1.80}
+    _write(tmp_path, {G.with_multiplier(a, m, d): chosen.get((a, m), 1.75) for a in G.TUNED
+                      for m in G.multipliers(a, d)})
+    res = Results(load_runs(tmp_path))
+    a1 = R.decide_a1(res, d)
+    assert a1["h-slot16"] == (64.0, 256.0) and a1["h-pairs16"] == (1.0, None)
+    assert a1["window16-slot16"] == (1.0, None) and a1["h-pairs8"] == (1.0, None)
+    assert R.decide_a3(res, d) == {} and R.decide_a2(res, d) == {}
+    text = "\n".join(R.report(res, ReportContext(tmp_path, tmp_path / "out", d, "# T\n\nThe rules.\n")))
+    assert "## Stage A1" in text and "| h-slot16 | **64** | slot x64 | 1.7000 |" in text
+    assert "h-slot16: best at 64, the grid's edge: the rule adds 256" in text
+    # h-slot16 decided at 16: A2 runs each window with its slot bias at 16; the rule picks 16 only beyond the tie
+    d = G.Decisions(multiplier={"window16-slot16": 4.0, "window8-slot8": 1.0, "h-slot16": 16.0})
+    _write(tmp_path, {G.Setting("window16-slot16", coupling=4.0): 1.74, G.Setting("window8-slot8"): 1.73,
+                      G.Setting("window16-slot16", coupling=4.0, slot_bias=16.0): 1.72,
+                      G.Setting("window8-slot8", slot_bias=16.0): 1.725})
+    assert R.decide_a2(Results(load_runs(tmp_path)), d) == {"window16-slot16": 16.0, "window8-slot8": 1.0}
+    d = G.Decisions(multiplier={a: 1.0 for a in G.TUNED})
+    assert R.decide_a2(res, d) == {w: 1.0 for w in G.WINDOWS}  # h-slot16 at 1: no A2 runs
+
+
+def test_the_verdicts_follow_the_protocol():
+    from boltzmann_attention.experiments.stats import paired
+    verdict = importlib.import_module("boltzmann_attention.experiments.studies.twin.report").verdict
+
+    def c(*diffs):
+        return paired({s: x for s, x in enumerate(diffs)}, {s: 0.0 for s in range(len(diffs))}, lambda a, b: a - b)
+
+    assert verdict(c(60, 50, 70, 65, 55)) == "better"
+    assert verdict(c(-60, -50, -70, -65, -55)) == "worse"
+    assert verdict(c(1, -2, 3, 0, -1)) == "equivalent within ±15"
+    assert verdict(c(5, 6, 5, 6, 5)).startswith("equivalent within ±15 (the coupled arm ahead")
+    assert verdict(c(30, -40, 10, 50, -20)) == "inconclusive"
+    assert verdict(c(10)) == "too few pairs"
+
+
+def test_the_registry_writes_the_twin_report_for_its_runs(tmp_path):
+    d = G.Decisions()
+    _write(tmp_path / "results", {G.with_multiplier("h-pairs8", m, d): 1.7 + m / 100 for m in (0.25, 1.0, 4.0)})
+    readme = studies.write_report(tmp_path / "results", tmp_path / "report" / "twin").read_text()
+    assert "Co-attention or learning speed" not in readme.splitlines()[0]  # the header, then the protocol's text
+    assert "## Stage A1" in readme and "| h-pairs8 | **0.25** | slot x0.25 | 1.7025 |" in readme
