@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -344,6 +345,23 @@ class BoltzmannAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"x must have shape (B, L, embed_dim = {self.embed_dim}), got {tuple(x.shape)}")
 
+    def _check_cache(self, cache: dict, x: Tensor) -> None:
+        """ValueError unless ``cache`` is this layer's, from earlier calls with x's batch size, dtype and device."""
+        expected = {"owner", "key", "value"} | ({"log_forget"} if self.mode == "fox" else set())
+        owner = cache.get("owner")
+        if not isinstance(owner, weakref.ref) or owner() is not self:
+            raise ValueError("cache holds another layer's keys (or was filled by hand): give each layer its own dict, "
+                             "empty at the first call")
+        if set(cache) != expected:
+            raise ValueError(f"cache must hold exactly {sorted(expected)} from this layer's earlier calls, got "
+                             f"{sorted(cache)}; start from an empty dict")
+        value = cache["value"]
+        if not isinstance(value, Tensor) or value.dim() != 4 or value.shape[0] != x.shape[0] \
+                or value.shape[1] != self.num_heads or value.device != x.device:
+            raise ValueError(f"cache holds values of shape {tuple(getattr(value, 'shape', ()))} on "
+                             f"{getattr(value, 'device', None)}, but this call has batch size {x.shape[0]} and "
+                             f"{self.num_heads} heads on {x.device}; start from an empty dict for a new batch")
+
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None, need_weights: bool = False,
                 cache: dict | None = None) -> tuple[Tensor, Tensor | None]:
         """x: (B, L, embed_dim). key_padding_mask: (B, S) bool, True marks padding to ignore (the
@@ -353,7 +371,9 @@ class BoltzmannAttention(nn.Module):
         cache: a dict, empty at the first call, for decoding: the keys and values of the earlier calls (after
         the rotary embedding; with mode 'fox' also the forget gates) are kept in it, and x holds the next L
         positions, which attend to every cached position and, causally, to each other (SDPA's bottom-right
-        alignment). Token by token this gives the rows of the full forward over the whole sequence.
+        alignment). Token by token this gives the rows of the full forward over the whole sequence. The dict
+        belongs to the layer that filled it (it keeps a weak reference to it under "owner"): another layer's
+        dict, one missing a key, or one from another batch size is refused.
         """
         self._check_input(x)
         if not isinstance(need_weights, bool):
@@ -361,6 +381,8 @@ class BoltzmannAttention(nn.Module):
         if cache is not None and not isinstance(cache, dict):
             raise ValueError(f"cache must be a dict (empty at the first call) or None, got {type(cache).__name__}")
         B, L, _ = x.shape
+        if cache:
+            self._check_cache(cache, x)
         past = 0 if not cache else cache["value"].shape[-2]
         S = past + L
         v = self._heads(self.value(x))
@@ -377,9 +399,11 @@ class BoltzmannAttention(nn.Module):
                 k, v = torch.cat([cache["key"], k], dim=-2), torch.cat([cache["value"], v], dim=-2)
                 if log_forget is not None:
                     log_forget = torch.cat([cache["log_forget"], log_forget], dim=-1)
-            cache.update(key=k, value=v, **({"log_forget": log_forget} if log_forget is not None else {}))
+            cache.update(owner=weakref.ref(self), key=k, value=v,
+                         **({"log_forget": log_forget} if log_forget is not None else {}))
         prior = self._position_bias(L, S, x.dtype)  # (H, L, S) or None
         if self.mode in RECENCY_MODES:
+            check_values("softmax", q, k, None, () if log_forget is None else (("the forget gate", log_forget),))
             if key_padding_mask is not None:
                 raise ValueError(f"mode {self.mode!r} takes no key_padding_mask (its recency runs over every key)")
             bias = 0.0 if prior is None else prior

@@ -40,8 +40,11 @@ def forgetting_attention(query: Tensor, key: Tensor, value: Tensor, log_forget: 
     L, S = query.shape[-2], key.shape[-2]
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     dtype = _compute_dtype(query)
-    c = log_forget.to(dtype).cumsum(-1)  # c_i - c_j = sum_{k=j+1..i} log f_k
-    forget = (c[..., S - L:, None] - c[..., None, :]).masked_fill(~causal_mask(L, S, query.device), float("-inf"))
+    # sum_{k=j+1..i} log f_k per (query, key) as a reverse cumulative sum of same-sign terms along each row, not
+    # as the difference c_i - c_j of prefix sums, which loses float32's digits once c grows large (long S)
+    visible = causal_mask(L, S, query.device)
+    terms = log_forget.to(dtype)[..., None, :].masked_fill(~visible, 0.0)  # (B, H, L, S): log f_k for k <= i
+    forget = F.pad(terms.flip(-1).cumsum(-1).flip(-1)[..., 1:], (0, 1)).masked_fill(~visible, float("-inf"))
     scores = (query.to(dtype) @ key.to(dtype).transpose(-1, -2)) * scale + forget + _as(bias, dtype)
     weights = torch.softmax(scores, dim=-1)
     out = (weights @ value.to(dtype)).to(value.dtype)
