@@ -162,6 +162,14 @@ def _keys_from(x: Tensor, window: int, offset: int, rows: int) -> Tensor:
     return F.pad(x, (0, 0, 0, max(0, rows - x.shape[-2])))[..., :rows, :]
 
 
+def _overlapping_blocks(x: Tensor, step: int, size: int, blocks: int) -> Tensor:
+    """Rows b * step .. b * step + size - 1 of x (..., N, E) for each block b < blocks: (..., blocks, size, E).
+
+    Stacked slices rather than ``Tensor.unfold``: torch.compile's CPU code for unfold's backward writes out of
+    bounds on AVX2 machines (a segmentation fault, torch 2.13), and slices' backward is a plain pad."""
+    return torch.stack([x[..., b * step:b * step + size, :] for b in range(blocks)], dim=-3)
+
+
 def band_times_value(a_band: Tensor, value: Tensor, block: int = 64) -> Tensor:
     """sum_a a_band[..., i, a] value[..., i - a, :] (keys before 0 or past S count as 0): (..., L, Ev).
 
@@ -179,8 +187,8 @@ def _band_times_value(a_band: Tensor, value: Tensor, block: int = 64, offset: in
     blocks = -(-L // P)
     A = F.pad(a_band, (0, 0, 0, blocks * P - L)).unflatten(-2, (blocks, P))               # (..., n, P, W)
     D = F.pad(A, (0, P)).flatten(-2)[..., :P * (P + W - 1)].unflatten(-1, (P, P + W - 1))  # skew
-    v = _keys_from(value, W, offset, blocks * P + W - 1)  # row t: key t + offset - W + 1
-    v = v.unfold(-2, P + W - 1, P)[..., :blocks, :, :].transpose(-1, -2)  # (..., n, P + W - 1, Ev)
+    v = _keys_from(value, W, offset, blocks * P + W - 1)     # row t: key t + offset - W + 1
+    v = _overlapping_blocks(v, P, P + W - 1, blocks)         # (..., n, P + W - 1, Ev)
     return (D @ v).flatten(-3, -2)[..., :L, :]
 
 
@@ -200,7 +208,7 @@ def _band_scores(query: Tensor, key: Tensor, window: int, block: int = 64, offse
     blocks = -(-L // P)
     q = F.pad(query, (0, 0, 0, blocks * P - L)).unflatten(-2, (blocks, P))             # (..., n, P, E)
     k = _keys_from(key, W, offset, blocks * P + W - 1)                                   # row t: key t + offset - W + 1
-    k = k.unfold(-2, P + W - 1, P)[..., :blocks, :, :]                                  # (..., n, E, P + W - 1)
+    k = _overlapping_blocks(k, P, P + W - 1, blocks).transpose(-1, -2)                  # (..., n, E, P + W - 1)
     D = q @ k                                                                           # (..., n, P, P + W - 1)
     A = F.pad(D.flatten(-2), (0, P)).unflatten(-1, (P, P + W))[..., :W]                 # un-skew: A[r, t]
     return A.flatten(-3, -2)[..., :L, :]
