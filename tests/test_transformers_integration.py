@@ -267,8 +267,8 @@ class _Module(torch.nn.Module):
     def __init__(self, options, heads=4, max_len=16):
         super().__init__()
         torch.manual_seed(3)
-        self.boltzmann = bt.BoltzmannParameters(heads, max_len, {**bt.DEFAULTS, "coupling_init_std": 0.3,
-                                                                  **options}).double()
+        init = {"coupling_init_std": 0.3} if "J" in options["mode"] else {}
+        self.boltzmann = bt.BoltzmannParameters(heads, max_len, {**bt.DEFAULTS, **init, **options}).double()
         self.is_causal = True
 
 
@@ -307,7 +307,6 @@ def test_float_masks_mark_absent_keys_and_shift_the_field(options):
 @pytest.mark.parametrize("mode", ["h+J", "J"])
 def test_window_decoding_rows_equal_the_last_rows_of_a_full_call(mode):
     module = _Module({**WINDOW, "mode": mode})
-    module.config = type("Config", (), {"output_attentions": True})()
     module.eval()
     L, S = 2, 9  # the queries sit at slots 7 and 8: keys 0 .. 3 come before both windows (W = 4)
     q, k, v = _qkv(L=L, S=S)
@@ -316,7 +315,8 @@ def test_window_decoding_rows_equal_the_last_rows_of_a_full_call(mode):
     present[1, :, :, 5] = False   # an absent key inside the window
     shift = 0.3 * torch.randn(2, 1, S, S, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     additive = shift.masked_fill(~present, torch.finfo(torch.float64).min)
-    out, weights = bt.attention_forward(module, q, k, v, additive[..., S - L:, :], scaling=0.4)
+    out, weights = bt.attention_forward(module, q, k, v, additive[..., S - L:, :], scaling=0.4,
+                                        output_attentions=True)
     params = module.boltzmann
     full_q = torch.cat([torch.zeros(2, 4, S - L, 8, dtype=torch.float64), q], dim=-2)  # rows 0 .. 6: placeholders
     expected, expected_weights = boltzmann_attention(
@@ -341,13 +341,12 @@ def test_dropout_applies_to_the_weights_in_training(options):
     q, k, v = _qkv(L=3, S=6)  # decoding-shaped: the 3 queries are the last 3 of 6 positions
     visible = torch.ones(3, 6, dtype=torch.bool).tril(3)
     mask = visible.expand(2, 1, 3, 6)
-    module.config = type("Config", (), {"output_attentions": True})()
     module.eval()
-    out, weights = bt.attention_forward(module, q, k, v, mask, dropout=0.5)  # eval: no dropout
+    out, weights = bt.attention_forward(module, q, k, v, mask, dropout=0.5, output_attentions=True)  # eval: no dropout
     assert (weights[..., ~visible] == 0).all() and (weights[..., visible] > 0).all()
     module.train()
     torch.manual_seed(7)
-    dropped, dropped_weights = bt.attention_forward(module, q, k, v, mask, dropout=0.5)
+    dropped, dropped_weights = bt.attention_forward(module, q, k, v, mask, dropout=0.5, output_attentions=True)
     torch.manual_seed(7)
     expected = F.dropout(weights, p=0.5, training=True)
     torch.testing.assert_close(dropped_weights, expected, rtol=0, atol=0)
@@ -357,15 +356,16 @@ def test_dropout_applies_to_the_weights_in_training(options):
 @pytest.mark.parametrize("options", [FULL, WINDOW], ids=["full", "window"])
 def test_no_mask_follows_sdpa_in_transformers(options):
     module = _Module(options)
-    module.config = type("Config", (), {"output_attentions": True})()
     q, k, v = _qkv(L=1, S=6)  # one query: the last position, sees every key
-    _, weights = bt.attention_forward(module, q, k, v, None)
-    _, masked = bt.attention_forward(module, q, k, v, torch.ones(2, 1, 1, 6, dtype=torch.bool))
+    _, weights = bt.attention_forward(module, q, k, v, None, output_attentions=True)
+    _, masked = bt.attention_forward(module, q, k, v, torch.ones(2, 1, 1, 6, dtype=torch.bool),
+                                     output_attentions=True)
     assert (weights > 0).all()
     torch.testing.assert_close(weights, masked, rtol=0, atol=1e-12)  # the window's masked and unmasked paths
     q, k, v = _qkv(L=3, S=6)  # the prefill of an empty static cache: top-left, the later slots cut off
-    out, weights = bt.attention_forward(module, q, k, v, None)
-    alone, alone_weights = bt.attention_forward(module, q, k[..., :3, :], v[..., :3, :], None)
+    out, weights = bt.attention_forward(module, q, k, v, None, output_attentions=True)
+    alone, alone_weights = bt.attention_forward(module, q, k[..., :3, :], v[..., :3, :], None,
+                                                output_attentions=True)
     torch.testing.assert_close(out, alone, rtol=0, atol=0)
     assert (weights[..., 3:] == 0).all() and weights.shape[-1] == 6
     torch.testing.assert_close(weights[..., :3], alone_weights, rtol=0, atol=0)

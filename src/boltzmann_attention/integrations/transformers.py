@@ -35,14 +35,15 @@ Conventions at the boundary:
 - Dropout (transformers passes the module's attention dropout in training): applied to the attention
   weights a_ij, as transformers' eager attention does (each weight zeroed with probability p, the others
   scaled by 1 / (1 - p)), then the output is recomputed from them.
-- Weights (B, Hq, L, S) are returned (``output_attentions=True`` collects them), except with the coupled
-  window, whose dense weights are assembled only when ``config.output_attentions`` (or the call's
-  ``output_attentions`` keyword) asks for them.
+- Weights (B, Hq, L, S) are returned whenever transformers records attentions (``output_attentions=True`` in
+  the model's call or in ``generate``); the coupled window assembles its dense weights only then.
 - No mask: as transformers' SDPA attention, the call's ``is_causal`` (else the module's) decides, aligned
   top-left for L > 1 queries (transformers gives no mask with L < S keys only for the prefill of an empty
   static cache, whose later slots are empty: they are cut off) and one query (L = 1) sees every key.
 - Positions: 'full' couplings index keys by their slot in the cache (0 .. S - 1), so left padding shifts
-  them; 'relative' couplings and the coupled 'window' depend on key distances only and are unchanged by it.
+  them, and a cache that drops old keys (a sliding window shorter than max_position_embeddings) would move
+  them: convert() refuses 'full' couplings for such a model. 'relative' couplings and the coupled 'window'
+  depend on key distances only and are unchanged by either.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from torch import Tensor, nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .. import ising
+from .. import ising, modes
 from ..attention import BoltzmannAttention, RelativeCouplings, boltzmann_attention, parameter_groups
 
 __all__ = ["NAME", "OPTIONS", "BoltzmannParameters", "attention_forward", "attention_modules", "convert",
@@ -72,7 +73,8 @@ DEFAULTS = {"mode": "h+J", "coupling": "full", "coupling_window": None, "couplin
             "coupling_range": None, "method": "exact", "method_options": None, "coupling_init_std": 0.0,
             "field_bias_init": None, "learn_field_bias": True}
 OPTIONS = tuple(DEFAULTS)
-MODES = ("h", "J", "h+J")
+# the modes it offers: those with a field bias and no three-body couplings (K has max_len^3 entries per head)
+MODES = tuple(n for n, m in modes.RECORDS.items() if m.field_bias and not m.three_body)
 # keyword arguments some transformers models pass to the attention function, with no meaning here
 _UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "head_mask")
 
@@ -174,10 +176,8 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     if scaling is None:
         scaling = _module_scaling(module, query.shape[-1])
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    config = getattr(module, "config", None)
-    # the weights come free except for the window (assembled from its band): there only when asked for
-    want_weights = params.coupling_window is None or bool(kwargs.get("output_attentions")
-                                                           or getattr(config, "output_attentions", False))
+    # the weights come free except for the window (assembled from its band): there only when recorded
+    want_weights = params.coupling_window is None or bool(kwargs.get("output_attentions")) or _recording_attentions()
     use_dropout = dropout > 0 and module.training
     call = {"mode": params.mode, "method": params.method, "method_options": params.method_options,
             "scale": scaling, "coupling_window": params.coupling_window, "return_weights": want_weights or use_dropout}
@@ -199,6 +199,17 @@ def attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tens
     if weights is not None and weights.shape[-1] < S_all:  # keys cut off (empty cache slots) have weight 0
         weights = F.pad(weights, (0, S_all - weights.shape[-1]))
     return out.transpose(1, 2).contiguous(), (weights if want_weights else None)
+
+
+def _recording_attentions() -> bool:
+    """Whether transformers is collecting the attention weights of this forward: its output-capturing hooks'
+    collector (transformers 5 records ``output_attentions`` so, without passing the flag on)."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # older transformers pass output_attentions to the attention function
+        return False
+    collected = _active_collector.get()
+    return isinstance(collected, dict) and ("attentions" in collected or "cross_attentions" in collected)
 
 
 def _window(params: BoltzmannParameters, query: Tensor, key: Tensor, value: Tensor, present: Tensor | None, bias,
@@ -265,7 +276,18 @@ def _num_heads(module: nn.Module, config) -> int:
     return heads
 
 
-def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Module]]) -> dict:
+def _rolling_window(config, max_len: int) -> int | None:
+    """The sliding window of a model whose cache drops keys older than it (shorter than max_len), else None."""
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or window >= max_len or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if isinstance(layer_types, (list, tuple)) and "sliding_attention" not in layer_types:
+        return None
+    return window
+
+
+def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Module]], config=None) -> dict:
     """The options with defaults filled in; ValueError naming the limit and the alternatives."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
@@ -293,7 +315,7 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
     except (TypeError, ValueError):
         raise ValueError("method_options must be JSON-serialisable (numbers, strings, booleans): convert() stores "
                          f"them in model.config; got {method_options!r}") from None
-    uses_J = "J" in mode
+    uses_J = modes.RECORDS[mode].couplings
     if not uses_J:
         unused = [k for k in ("coupling", "coupling_window", "coupling_window_relative", "coupling_range", "method",
                               "method_options", "coupling_init_std") if opts[k] != DEFAULTS[k]]
@@ -322,6 +344,13 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
                                  f"(default max_len - 1), more than max_bandwidth = {most} (2^w transfer states): "
                                  "pass coupling_range <= 16, or use method 'meanfield' / 'tap' (any range), or "
                                  "coupling='window'")
+    if uses_J and coupling == "full":
+        rolling = _rolling_window(config, max_len)
+        if rolling is not None:
+            raise ValueError(f"coupling='full' indexes each key by its slot in the cache, and this model's cache drops "
+                             f"old keys (sliding_window = {rolling} < max_position_embeddings = {max_len}), which "
+                             "moves every key's slot and its couplings; use coupling='window' or 'relative' (they "
+                             "depend on key distances only)")
     if coupling == "window":
         not_causal = [name for name, m in modules if not getattr(m, "is_causal", True)]
         if not_causal:
@@ -353,7 +382,7 @@ def convert(model: PreTrainedModel, **options) -> PreTrainedModel:
     if not isinstance(max_len, int) or max_len < 1:
         raise ValueError("convert() needs config.max_position_embeddings (the longest sequence: it sizes 'full' "
                          f"couplings and the field bias), got {max_len!r}")
-    opts = _check_options(options, max_len, modules)
+    opts = _check_options(options, max_len, modules, model.config)
     holders = []
     for _, module in modules:  # all built first: an invalid option changes nothing
         holder = BoltzmannParameters(_num_heads(module, model.config), max_len, opts)
@@ -369,22 +398,31 @@ def convert(model: PreTrainedModel, **options) -> PreTrainedModel:
     return model
 
 
-def _checkpoint_tensors(path: str, names: list[str]) -> dict[str, Tensor]:
-    """The named tensors from a save_pretrained directory (model.safetensors, sharded or not)."""
+def _checkpoint_tensors(path: str, names: list[str], prefix: str = "") -> dict[str, Tensor]:
+    """The named tensors from a save_pretrained directory (model.safetensors, sharded or not). prefix: the base
+    model's (transformers' ``base_model_prefix``): a name is also found with it added or removed, as
+    transformers loads a base model from a head model's checkpoint and the other way round."""
     from safetensors import safe_open
+
+    def spellings(name: str) -> list[str]:
+        if not prefix:
+            return [name]
+        if name.startswith(prefix + "."):
+            return [name, name[len(prefix) + 1:]]
+        return [name, f"{prefix}.{name}"]
 
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
             weight_map = json.load(f)["weight_map"]
-        where = {name: weight_map.get(name) for name in names}
     elif os.path.isfile(os.path.join(path, "model.safetensors")):
         with safe_open(os.path.join(path, "model.safetensors"), framework="pt") as f:
-            keys = set(f.keys())
-        where = {name: "model.safetensors" if name in keys else None for name in names}
+            weight_map = dict.fromkeys(f.keys(), "model.safetensors")
     else:
         raise ValueError(f"found no model.safetensors (or its index) in {path!r}: from_pretrained reads the Boltzmann "
                          "parameters from a local directory written by save_pretrained")
+    stored = {name: next((k for k in spellings(name) if k in weight_map), None) for name in names}
+    where = {name: weight_map.get(key) for name, key in stored.items()}
     missing = sorted(name for name, file in where.items() if file is None)
     if missing:
         raise ValueError(f"the checkpoint in {path!r} lacks the Boltzmann parameters {missing[:4]}"
@@ -392,7 +430,7 @@ def _checkpoint_tensors(path: str, names: list[str]) -> dict[str, Tensor]:
     tensors = {}
     for file in sorted(set(where.values())):
         with safe_open(os.path.join(path, file), framework="pt") as f:
-            tensors.update({name: f.get_tensor(name) for name in names if where[name] == file})
+            tensors.update({name: f.get_tensor(stored[name]) for name in names if where[name] == file})
     return tensors
 
 
@@ -429,6 +467,7 @@ def from_pretrained(model_class: type[PreTrainedModel], path: str, **kwargs) -> 
     for name, module in attention_modules(model):
         holder = getattr(module, ATTRIBUTE)
         keys = list(holder.state_dict())
-        tensors = _checkpoint_tensors(path, [f"{name}.{ATTRIBUTE}.{k}" for k in keys])
+        tensors = _checkpoint_tensors(path, [f"{name}.{ATTRIBUTE}.{k}" for k in keys],
+                                      getattr(model, "base_model_prefix", ""))
         holder.load_state_dict({k: tensors[f"{name}.{ATTRIBUTE}.{k}"] for k in keys}, strict=True)
     return model
