@@ -251,6 +251,7 @@ def test_outputs_into_a_missing_folder_are_created_before_measuring(tmp_path, mo
                                   ("approximations", "--json", "{file}/sub/r.json"),
                                   ("approximations", "--plot", "{file}/p.png"),
                                   ("window", "--json", "{file}/w.json"),
+                                  ("steps", "--json", "{file}/s.json"),
                                   ("banded", "--json", "{dir}"),
                                   ("dqa-calibration", "{file}/report")], ids=" ".join)
 def test_an_output_path_that_cannot_be_written_is_an_error_up_front(argv, tmp_path, monkeypatch, capsys):

@@ -170,8 +170,8 @@ def test_module_matches_naive(mode, options, causal):
         pytest.skip("the coupled window is causal")
     torch.manual_seed(0)
     L = 6
-    layer = BoltzmannAttention(8, 2, max_len=L, mode=mode, causal=causal, coupling_init_std=0.5,
-                               **options).double()
+    init = {"coupling_init_std": 0.5} if mode != "h" else {}  # mode h has no couplings (and refuses the option)
+    layer = BoltzmannAttention(8, 2, max_len=L, mode=mode, causal=causal, **init, **options).double()
     x = torch.randn(2, L, 8, dtype=torch.float64)
     padding = torch.zeros(2, L, dtype=torch.bool)
     padding[1, 2] = padding[1, 4] = True

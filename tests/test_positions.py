@@ -211,7 +211,7 @@ def test_module_with_position_priors_is_causal_and_differentiable(name):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(mode="fox", coupling="window", coupling_window=3), "mode 'fox' has no couplings"),
+    (dict(mode="fox", coupling="window", coupling_window=3), "mode 'fox' does not use coupling, coupling_window"),
     (dict(mode="stickbreaking", causal=False), "causal only"),
     (dict(mode="h", position="learned"), "unknown position 'learned'"),
     (dict(mode="J", position="rope"), "mode 'J'"),

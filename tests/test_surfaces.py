@@ -83,3 +83,192 @@ def test_a_cache_started_by_one_mode_is_refused_by_a_layer_of_another():
     coupled(torch.randn(1, 2, 8), cache=cache)
     with pytest.raises(ValueError, match="another layer's keys"):
         fox(torch.randn(1, 1, 8), cache=cache)
+
+
+# ------------------------------------------------------------------------------------------- the nested config
+
+def test_a_flat_write_reaches_training_and_the_saved_config():
+    from dataclasses import asdict
+
+    from boltzmann_attention.experiments.config import TrainConfig
+
+    cfg = TrainConfig()
+    cfg.lr, cfg.mode, cfg.T, cfg.seed = 0.5, "h", 12, 3
+    assert (cfg.optim.lr, cfg.attention.mode, cfg.data.T, cfg.seed) == (0.5, "h", 12, 3)
+    saved = asdict(cfg)
+    assert saved["optim"]["lr"] == 0.5 and TrainConfig.from_dict(saved).optim.lr == 0.5
+    with pytest.raises(AttributeError, match="no field 'learning_rate'"):
+        cfg.learning_rate = 0.1
+
+
+@pytest.mark.parametrize("saved, message", [
+    ({"lr": 0.1, "optim": {"lr": 0.2}}, r"\['lr'\] both flat and in section 'optim'"),
+    ({"optim": None, "data": {}}, "section 'optim' must be a dict"),
+    ({"optim": [0.1], "data": {}}, "section 'optim' must be a dict"),
+    ({"optim": "fast"}, "section 'optim' must be a dict"),
+    ("lr=0.1", "a saved config must be a dict, got str"),
+    (["lr"], "a saved config must be a dict, got list"),
+])
+def test_a_saved_config_is_refused_in_one_sentence_naming_the_problem(saved, message):
+    from boltzmann_attention.experiments.config import TrainConfig
+
+    with pytest.raises(ValueError, match=message):
+        TrainConfig.from_dict(saved)
+
+
+def test_the_same_value_flat_and_nested_is_read_and_sections_must_be_their_dataclasses():
+    from boltzmann_attention.experiments.config import OptimConfig, TrainConfig
+
+    assert TrainConfig.from_dict({"lr": 0.2, "optim": {"lr": 0.2}}).optim.lr == 0.2
+    with pytest.raises(ValueError, match="section 'optim' must be an instance of OptimConfig, got dict"):
+        TrainConfig(optim={"lr": 0.1})
+    assert TrainConfig(optim=OptimConfig(lr=0.1)).lr == 0.1
+
+
+# ---------------------------------------------------------------------------------- options a mode does not use
+
+UNUSED = [
+    ("softmax", dict(method="banded"), "method"), ("softmax", dict(field_bias_init=1.0), "field_bias_init"),
+    ("softmax", dict(learn_field_bias=False), "learn_field_bias"),
+    ("softmax", dict(coupling_init_std=0.1), "coupling_init_std"),
+    ("h", dict(method="banded"), "method"), ("h", dict(coupling="relative"), "coupling"),
+    ("h", dict(method_options={"max_spins": 5}), "method_options"),
+    ("fox", dict(method="banded"), "method"), ("stickbreaking", dict(field_bias_init=1.0), "field_bias_init"),
+    ("fox", dict(learn_field_bias=False), "learn_field_bias"),
+    ("stickbreaking", dict(coupling="window", coupling_window=3), "coupling, coupling_window"),
+]
+
+
+@pytest.mark.parametrize("mode, options, names", UNUSED)
+def test_an_option_the_mode_does_not_use_is_refused_by_the_layer_and_the_config(mode, options, names):
+    from boltzmann_attention.experiments.config import TrainConfig
+
+    with pytest.raises(ValueError, match=f"mode '{mode}' does not use {names}"):
+        BoltzmannAttention(8, 2, max_len=6, mode=mode, **options)
+    with pytest.raises(ValueError, match=f"mode '{mode}' does not use {names}"):
+        TrainConfig.build(mode=mode, d_model=8, n_heads=2, T=6, **options).validate()
+
+
+@pytest.mark.parametrize("name, value", [("learn_field_bias", "no"), ("learn_field_bias", 1), ("bias", "yes"),
+                                         ("causal", None)])
+def test_boolean_options_of_the_layer_are_checked(name, value):
+    with pytest.raises(ValueError, match=f"{name} must be True or False"):
+        BoltzmannAttention(8, 2, max_len=6, mode="h", **{name: value})
+
+
+def test_the_options_every_mode_uses_are_still_accepted():
+    for mode, options in [("h+J", dict(method="banded", coupling="relative", coupling_range=2)),
+                          ("J", dict(coupling_init_std=0.1, field_bias_init=0.5, learn_field_bias=False)),
+                          ("h+K", dict(coupling_init_std=0.1)), ("h", dict(field_bias_init=-1.0)),
+                          ("fox", dict(slot_bias=2, position="alibi"))]:
+        BoltzmannAttention(8, 2, max_len=6, mode=mode, **options)
+
+
+def test_field_bias_variants_apply_to_the_modes_that_have_a_field_bias_only():
+    from boltzmann_attention.experiments.sweep import Grid
+
+    runs = dict(Grid(("shakespeare",), (8,), modes=("softmax", "h+J"), seeds=(0,), field_bias="fixed-0").runs())
+    by_mode = {cfg.attention.mode: cfg for cfg in runs.values()}
+    assert by_mode["h+J"].attention.field_bias_init == 0.0 and not by_mode["h+J"].attention.learn_field_bias
+    assert by_mode["softmax"].attention.field_bias_init is None and by_mode["softmax"].attention.learn_field_bias
+    for cfg in runs.values():
+        cfg.validate()
+
+
+# ------------------------------------------------------------------------------------------- the study registry
+
+GOOD_STUDY = '''
+PROFILES = {"%s": lambda field_bias, decisions: []}
+HELP = {"%s": "a study written by the test"}
+
+
+def owns(res):
+    return False
+
+
+def report(res, context):
+    return []
+'''
+
+BROKEN = {
+    "an import error": ("import no_such_module_here\n", "cannot be imported: ModuleNotFoundError"),
+    "PROFILES not a dict": (GOOD_STUDY.replace('PROFILES = {"%s": lambda field_bias, decisions: []}',
+                                               'PROFILES = ["%s"]'), "PROFILES must be a dict"),
+    "no report": (GOOD_STUDY.split("def report")[0], r"report\(\) is missing"),
+    "a duplicate profile": (GOOD_STUDY.replace("%s", "priors"), "profile 'priors' is defined by two studies"),
+}
+
+
+def _add_study(tmp_path, monkeypatch, source, name="broken", decisions=None):
+    from boltzmann_attention.experiments import studies
+
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "__init__.py").write_text(source.replace("%s", f"{name}-profile"))
+    if decisions is not None:
+        (folder / "decisions.json").write_text(decisions)
+    monkeypatch.setattr(studies, "__path__", [*studies.__path__, str(tmp_path)])
+    monkeypatch.delitem(__import__("sys").modules, f"{studies.__name__}.{name}", raising=False)
+    return folder
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_study_is_named_in_one_line_and_train_still_runs(case, tmp_path, monkeypatch, capsys):
+    from boltzmann_attention.experiments import cli, studies
+
+    source, message = BROKEN[case]
+    folder = _add_study(tmp_path, monkeypatch, source)
+    with pytest.raises(studies.StudyError, match=message) as error:
+        studies.profiles()
+    text = str(error.value)
+    assert "\n" not in text and "'broken'" in text or "'priors'" in text
+    assert str(folder) in text or "broken" in text
+    assert cli.main(["reproduce", "--profile", "quick", "--out", str(tmp_path / "r")]) == 2
+    assert message.split(":")[0].replace("\\", "") in capsys.readouterr().err
+    out = tmp_path / "run.json"
+    assert cli.main(["train", "--task", "brackets", "--T", "4", "--steps", "1", "--batch-size", "2", "--d-model", "8",
+                     "--d-ff", "8", "--eval-interval", "1", "--train-sequences", "8", "--mode", "softmax",
+                     "--out", str(out)]) == 0
+    assert out.exists()
+
+
+def test_broken_decisions_and_owns_are_named(tmp_path, monkeypatch):
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    from boltzmann_attention.experiments import studies
+
+    _add_study(tmp_path, monkeypatch, GOOD_STUDY.replace("return False", "raise KeyError('variant')"), "raising")
+    with pytest.raises(studies.StudyError, match=r"study 'raising' .*owns\(\) raised KeyError"):
+        studies.study_of(studies.Results([]))
+
+    @dataclass(frozen=True)
+    class Decisions:
+        best_lr: dict = None
+
+    folder = tmp_path / "decided"
+    folder.mkdir()
+    (folder / "decisions.json").write_text('{"BEST_LR": {"h": 0.003,}}')
+    fake = SimpleNamespace(__name__="x.decided", __file__=str(folder / "__init__.py"), Decisions=Decisions)
+    with pytest.raises(studies.StudyError, match=r"study 'decided': .*decisions.json is not JSON"):
+        studies.load_decisions(fake)
+
+
+def test_a_finfo_min_mask_entry_with_couplings_is_refused_as_the_docstring_says():
+    from boltzmann_attention import boltzmann_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 1, 1, 5, 4, generator=g).unbind(0)
+    W = 0.3 * torch.randn(1, 5, 5, generator=g)
+    J = W.triu(1) + W.triu(1).transpose(-1, -2)
+    mask = torch.zeros(5, 5)
+    mask[:, 2] = torch.finfo(torch.float32).min
+    with pytest.raises(ValueError, match="cannot be resolved"):
+        boltzmann_attention(q, k, v, couplings=J, attn_mask=mask)
+    with pytest.raises(ValueError, match="cannot be resolved"):
+        boltzmann_attention(q, k, v, couplings=J[:, :3, :3], coupling_window=3, is_causal=True, attn_mask=mask)
+    weights = boltzmann_attention(q, k, v, mode="h", attn_mask=mask, return_weights=True)[1]
+    assert (weights[..., 2] == 0).all() and (weights[..., [0, 1, 3, 4]] > 0).all()
+    absent = mask.masked_fill(mask < 0, float("-inf"))  # the way out: -inf (or a bool mask) removes the key
+    torch.testing.assert_close(boltzmann_attention(q, k, v, couplings=J, attn_mask=absent),
+                               boltzmann_attention(q, k, v, couplings=J, attn_mask=mask == 0))

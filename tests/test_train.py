@@ -289,7 +289,7 @@ def test_threads_are_set_for_the_run_and_restored():
     (dict(coupling="window", coupling_window=True), "coupling_window must be an integer"),
     (dict(coupling="window", coupling_window=4, method="meanfield"), "by method 'exact' only, got 'meanf"),
     (dict(coupling="window", coupling_window=4, method="banded"), "by method 'exact' only"),
-    (dict(coupling="window", coupling_window=4, mode="h"), r"needs a mode with pairwise couplings .*got mode 'h'"),
+    (dict(coupling="window", coupling_window=4, mode="h"), r"mode 'h' does not use coupling, coupling_window"),
     (dict(coupling="window", coupling_window=4, mode="h+J+K"), "no three-body terms"),
     (dict(coupling="window", coupling_window=25, T=64), "coupling_window 25 is too large .* W <= 24"),
     (dict(coupling="window", coupling_window=9, method_options={"max_spins": 8}), r"W <= 8 \(option max_spins\)"),
@@ -331,7 +331,8 @@ def test_grad_clip_inf_disables_clipping_and_good_configs_pass():
                           coupling_window_relative=True).validate()
         TrainConfig.build(T=64, coupling="relative", coupling_range=8, method="banded").validate()
         TrainConfig.build(T=64, coupling="relative", coupling_range=8, method="meanfield").validate()
-        TrainConfig.build(T=64, mode="h", coupling="relative", method="banded").validate()  # mode h has no J
+    with pytest.raises(ValueError, match="mode 'h' does not use method, coupling"):  # mode h has no J: refused
+        TrainConfig.build(T=64, mode="h", coupling="relative", method="banded").validate()
 
 
 @pytest.mark.parametrize("mode", ["h+J", "softmax"])

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import symmetric_couplings, symmetric_three_body
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
-from boltzmann_attention import BoltzmannAttention, boltzmann_attention
+from boltzmann_attention import BoltzmannAttention, boltzmann_attention, modes
 from boltzmann_attention.naive import naive_boltzmann_attention
 
 DT = torch.float64
@@ -282,13 +282,19 @@ LAYER_CONFIGS = {
 }
 
 
+def _with_init(options: dict) -> dict:
+    """The options with couplings initialised at std 0.3 where the mode has couplings (the others refuse it)."""
+    uses = modes.RECORDS[options.get("mode", "h+J")].marginals
+    return {**options, "coupling_init_std": 0.3} if uses else dict(options)
+
+
 @pytest.mark.parametrize("config", sorted(LAYER_CONFIGS))
 def test_module_under_autocast_and_in_half_precision(config):
     """The module under torch.autocast('cpu', bfloat16) (before: 'bias must be a float or a tensor of query's
     dtype'), and the module cast to bfloat16 and float16: the output in the low dtype, within the rounding of
     the low-precision projections of the float32 module's output (|out| is about 1 here)."""
     torch.manual_seed(0)
-    layer = BoltzmannAttention(16, 2, max_len=8, coupling_init_std=0.3, **LAYER_CONFIGS[config])
+    layer = BoltzmannAttention(16, 2, max_len=8, **_with_init(LAYER_CONFIGS[config]))
     x = torch.randn(2, 8, 16)
     expected = layer(x)[0]
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -303,7 +309,7 @@ def test_module_under_autocast_and_in_half_precision(config):
     for before, p in zip(grads, (p for p in layer.parameters() if p.requires_grad)):  # the projections' backward
         torch.testing.assert_close(p.grad, before, rtol=0.05, atol=0.05)  # run in bf16
     for dtype, tol in ((torch.bfloat16, 0.03), (torch.float16, 0.005)):
-        low = BoltzmannAttention(16, 2, max_len=8, coupling_init_std=0.3, **LAYER_CONFIGS[config])
+        low = BoltzmannAttention(16, 2, max_len=8, **_with_init(LAYER_CONFIGS[config]))
         low.load_state_dict(layer.state_dict())
         low = low.to(dtype)
         out = low(x.to(dtype))[0]
@@ -326,7 +332,7 @@ def test_functional_form_on_meta_tensors(name):
 @pytest.mark.parametrize("config", sorted(LAYER_CONFIGS))
 def test_module_on_meta_tensors(config):
     with torch.device("meta"):
-        layer = BoltzmannAttention(16, 2, max_len=8, coupling_init_std=0.3, **LAYER_CONFIGS[config])
+        layer = BoltzmannAttention(16, 2, max_len=8, **_with_init(LAYER_CONFIGS[config]))
         x = torch.randn(2, 8, 16)
     out, w = layer(x, need_weights=True)
     assert out.shape == (2, 8, 16) and w.shape == (2, 2, 8, 8) and out.device.type == "meta"
@@ -342,7 +348,7 @@ class TinyGPT(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(11, 16)
         self.norms = torch.nn.ModuleList([torch.nn.LayerNorm(16) for _ in range(2)])
-        self.blocks = torch.nn.ModuleList([BoltzmannAttention(16, 2, max_len=8, coupling_init_std=0.3, **layer)
+        self.blocks = torch.nn.ModuleList([BoltzmannAttention(16, 2, max_len=8, **_with_init(layer))
                                            for _ in range(2)])
         self.head = torch.nn.Linear(16, 11)
 
@@ -431,7 +437,7 @@ def test_module_decodes_with_a_cache_as_the_full_forward(config):
     row equals the full causal forward's (positions of rope, ALiBi and the slot bias, the window's slots, the
     forget gates and position-indexed couplings all count from the cached keys)."""
     torch.manual_seed(0)
-    layer = BoltzmannAttention(16, 2, max_len=8, coupling_init_std=0.3, **LAYER_CONFIGS[config]).double()
+    layer = BoltzmannAttention(16, 2, max_len=8, **_with_init(LAYER_CONFIGS[config])).double()
     with torch.no_grad():
         for p in layer.parameters():  # away from zero: every term of the field matters
             p.add_(0.2 * torch.randn_like(p))
@@ -467,7 +473,7 @@ def test_module_decodes_a_padded_batch_with_a_cache(config):
     """Left padding in a batch decoded with a cache: key_padding_mask covers every position so far (B, S), and
     the rows equal the full forward with the same mask."""
     torch.manual_seed(0)
-    layer = BoltzmannAttention(16, 2, max_len=8, coupling_init_std=0.3, **LAYER_CONFIGS[config]).double()
+    layer = BoltzmannAttention(16, 2, max_len=8, **_with_init(LAYER_CONFIGS[config])).double()
     x = torch.randn(2, 6, 16, dtype=DT)
     pad = torch.zeros(2, 6, dtype=torch.bool)
     pad[1, :2] = True

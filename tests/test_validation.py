@@ -19,12 +19,19 @@ def _error(thunk) -> str:
 # option, a pattern of the message)
 REFUSED = {
     "window with three-body mode": (dict(mode="h+K", coupling="window", coupling_window=3),
-                                    dict(mode="h+K", coupling_window=3, is_causal=True), "three-body"),
+                                    dict(mode="h+K", coupling_window=3, is_causal=True),
+                                    "mode 'h+K' does not use coupling, coupling_window"),
     "window with mode h": (dict(mode="h", coupling="window", coupling_window=3),
-                           dict(mode="h", coupling_window=3, is_causal=True), "pairwise couplings"),
+                           dict(mode="h", coupling_window=3, is_causal=True),
+                           "mode 'h' does not use coupling, coupling_window"),
     "negative window": (dict(mode="h+J", coupling="window", coupling_window=-5),
                         dict(coupling_window=-5, is_causal=True), "integer >= 1"),
-    "window without coupling='window'": (dict(mode="h", coupling_window=-5), None, "go together"),
+    "window without coupling='window'": (dict(mode="h+J", coupling_window=-5), None, "go together"),
+    "a method for mode h": (dict(mode="h", method="banded"), dict(mode="h", method="banded"),
+                            "mode 'h' does not use method"),
+    "method options for softmax": (dict(mode="softmax", method_options={"max_spins": 3}),
+                                   dict(mode="softmax", method_options={"max_spins": 3}),
+                                   "mode 'softmax' does not use method_options"),
     "window, not causal": (dict(causal=False, coupling="window", coupling_window=3),
                            dict(coupling_window=3), "is_causal=True"),
     "window, method meanfield": (dict(method="meanfield", coupling="window", coupling_window=3),
@@ -87,7 +94,7 @@ def test_layers_that_build_also_run():
                     dict(coupling="relative", method="banded"),
                     dict(method="meanfield", method_options={"damping": 0.0, "solver": "anderson"}),
                     dict(method="gibbs", method_options={"num_samples": 4, "seed": 0}),
-                    dict(mode="h", coupling="relative", coupling_range=2)):
+                    dict(mode="h", slot_bias=2)):
         out, _ = BoltzmannAttention(8, 2, max_len=6, **options)(x)
         assert out.shape == x.shape and torch.isfinite(out).all()
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
-from . import coupled_window, ising, recency
+from . import coupled_window, ising, modes, recency
 from .couplings import FullCouplings, RelativeCouplings, ThreeBodyCouplings, WindowCouplings
 from .positions import SlotBias, alibi_bias, alibi_slopes, rotary
 from .validation import (
@@ -72,14 +72,16 @@ def boltzmann_attention(
     symmetric with a zero diagonal (H may be 1; one per query head); three_body: (H, S, S, S). scale defaults
     to 1 / sqrt(E). bias is added to the field h (a float or a tensor broadcastable to (B, H, L, S), e.g.
     (H, 1, 1) for one bias per head); in mode 'softmax' it is added to the scores. ``method`` and
-    ``method_options`` choose how marginals are computed (see :mod:`boltzmann_attention.ising`); mode
-    'h' uses the closed form sigmoid(2h) and ignores them.
+    ``method_options`` choose how marginals are computed (see :mod:`boltzmann_attention.ising`); modes
+    'softmax' and 'h' (the closed form sigmoid(2h)) compute none, and refuse a method or options other than
+    the defaults, as every mode refuses an option it does not use.
 
     attn_mask, broadcastable to (B, H, L, S), as SDPA: a bool tensor, True where the key takes part; or a float
     tensor added to the field (SDPA's additive mask): an entry -inf removes the key (it is absent, not clamped:
-    no spin, weight 0), a finite entry is added to h_ij -- however negative: a mask of torch.finfo(dtype).min,
-    as some libraries build, pins the spin to -1 (weight 0) while its couplings still act on the other keys, and
-    sends the exact method to its float64 rescue; pass -inf or a bool mask for absent keys --; or a
+    no spin, weight 0), a finite entry is added to h_ij -- however negative: with couplings, an entry of
+    torch.finfo(dtype).min, as some libraries build for absent keys, makes energies no float can resolve, and the
+    methods refuse it with an error (mode 'h' gives the key weight 0); pass -inf or a bool mask for absent keys
+    (the transformers adapter reads such entries as absent) --; or a
     ``torch.nn.attention.bias.CausalBias`` (``causal_lower_right(L, S)``: query row r is the position S - L + r
     and sees keys j <= S - L + r, so queries that end at the last key -- decoding with a key/value cache -- get
     the last rows of the full causal forward; ``causal_lower_right(L, S)`` with L = S, and
@@ -295,9 +297,10 @@ class BoltzmannAttention(nn.Module):
                             coupling=coupling, coupling_window=coupling_window,
                             coupling_window_relative=coupling_window_relative, coupling_range=coupling_range,
                             position=position, slot_bias=slot_bias,
-                            slot_bias_parametrization=slot_bias_parametrization)
-        recency_mode = mode in RECENCY_MODES
-        uses_field, uses_J, uses_K = (True, False, False) if recency_mode else mode_terms(mode)
+                            slot_bias_parametrization=slot_bias_parametrization, coupling_init_std=coupling_init_std,
+                            field_bias_init=field_bias_init, learn_field_bias=learn_field_bias, bias=bias)
+        record = modes.RECORDS[mode]
+        uses_field, uses_J, uses_K = record.field, record.couplings, record.three_body
         if coupling_range is None:
             coupling_range = max_len - 1
         self.embed_dim, self.num_heads, self.max_len = embed_dim, num_heads, max_len
@@ -327,7 +330,7 @@ class BoltzmannAttention(nn.Module):
         self.forget_gate = nn.Linear(embed_dim, num_heads) if mode == "fox" else None
 
         self.field_bias = None
-        if mode not in ("softmax", *RECENCY_MODES):
+        if record.field_bias:
             init = -0.5 * math.log(max_len) if field_bias_init is None else field_bias_init
             self.field_bias = nn.Parameter(torch.full((num_heads,), float(init)),
                                            requires_grad=learn_field_bias)

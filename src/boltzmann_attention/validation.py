@@ -22,30 +22,26 @@ import torch
 from torch import Tensor
 from torch.nn.attention.bias import CausalBias
 
-from . import ising
+from . import ising, modes
 from .ising import window as window_ising
 from .ising._inputs import _check_finite as check_finite
 from .ising._inputs import check_int, check_real
 from .ising.methods import methods_with, resolve_method
+from .modes import LAYER_MODES, MODES, RECENCY_MODES, WINDOW_MODES
 
 __all__ = ["MODES", "RECENCY_MODES", "LAYER_MODES", "POSITIONS", "COUPLINGS", "WINDOW_MODES", "mode_terms",
            "check_options", "check_layer_options", "check_call", "check_values", "check_layer_sizes", "check_sizes",
            "check_finite", "check_int", "check_real"]
 
-MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
-RECENCY_MODES = ("fox", "stickbreaking")  # the module's learned-recency baselines (boltzmann_attention.recency)
-LAYER_MODES = MODES + RECENCY_MODES
 POSITIONS = ("rope", "alibi")  # the module's relative position schemes (boltzmann_attention.positions)
 SLOT_BIAS_PARAMETRIZATIONS = ("direct", "pairs")  # positions.SlotBias: a scalar per slot, or plus a pair table's field
 COUPLINGS = ("full", "relative", "window")
-WINDOW_MODES = ("h+J", "J")  # the coupled window: pairwise couplings, no three-body terms
 
 
 def mode_terms(mode: str) -> tuple[bool, bool, bool]:
-    """(uses the QK field, uses J, uses K) for a mode name."""
-    if not isinstance(mode, str) or mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {MODES}")
-    return mode != "J", "J" in mode, "K" in mode
+    """(uses the QK field, uses J, uses K) for a mode of the functional form (its record in :mod:`.modes`)."""
+    record = modes.get(mode, MODES)
+    return record.field, record.couplings, record.three_body
 
 
 def _names(names: tuple[str, ...]) -> str:
@@ -57,6 +53,14 @@ def _names(names: tuple[str, ...]) -> str:
 def _check_bool(name: str, flag) -> None:
     if not isinstance(flag, bool):
         raise ValueError(f"{name} must be True or False, got {flag!r}")
+
+
+def _refuse_unused(mode: str, **options) -> None:
+    """ValueError naming the options that ``mode`` does not use and that differ from their defaults."""
+    unused = modes.unused_options(mode, **options)
+    if unused:
+        raise ValueError(f"mode {mode!r} does not use {', '.join(unused)}: keep {'it' if len(unused) == 1 else 'them'} "
+                         "at the default (a value there would be ignored)")
 
 
 def check_options(mode: str, method, method_options: dict | None, *, causal: bool, coupling: str = "full",
@@ -71,6 +75,9 @@ def check_options(mode: str, method, method_options: dict | None, *, causal: boo
     """
     mode_terms(mode)
     _check_bool("causal", causal)
+    _refuse_unused(mode, method=method, method_options=method_options, coupling=coupling,
+                   coupling_range=coupling_range, coupling_window=coupling_window,
+                   coupling_window_relative=coupling_window_relative)
     if method_options is not None and not isinstance(method_options, dict):
         raise ValueError(f"method_options must be a dict or None, got {type(method_options).__name__}")
     options = method_options or {}
@@ -201,23 +208,25 @@ def check_layer_options(mode: str, method, method_options: dict | None, *, causa
                         coupling: str = "full", coupling_window: int | None = None,
                         coupling_window_relative: bool = False, coupling_range: int | None = None,
                         position: str | None = None, slot_bias: int | None = None,
-                        slot_bias_parametrization: str = "direct") -> None:
+                        slot_bias_parametrization: str = "direct", coupling_init_std: float = 0.0,
+                        field_bias_init: float | None = None, learn_field_bias: bool = True,
+                        bias: bool = True) -> None:
     """:func:`check_options` for the module, which also takes the recency modes ('fox', 'stickbreaking': softmax
-    variants without couplings, so no coupling or method option applies to them), a position scheme
-    (None, 'rope' or 'alibi'), ``slot_bias`` (None or the number W >= 1 of slots with a learned bias) and its
-    ``slot_bias_parametrization`` (one of SLOT_BIAS_PARAMETRIZATIONS; only with a slot bias)."""
-    if not isinstance(mode, str) or mode not in LAYER_MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {LAYER_MODES}")
-    if mode in RECENCY_MODES:
+    variants without couplings or marginals), a position scheme (None, 'rope' or 'alibi'), ``slot_bias`` (None
+    or the number W >= 1 of slots with a learned bias) and its ``slot_bias_parametrization`` (one of
+    SLOT_BIAS_PARAMETRIZATIONS; only with a slot bias). An option the mode does not use (its record in
+    :mod:`.modes`) must keep its default: it would be ignored."""
+    record = modes.get(mode)
+    _check_bool("causal", causal)
+    _check_bool("learn_field_bias", learn_field_bias)
+    _check_bool("bias", bias)
+    _refuse_unused(mode, method=method, method_options=method_options, coupling=coupling,
+                   coupling_range=coupling_range, coupling_window=coupling_window,
+                   coupling_window_relative=coupling_window_relative, coupling_init_std=coupling_init_std,
+                   field_bias_init=field_bias_init, learn_field_bias=learn_field_bias)
+    if record.recency:
         if not causal:
             raise ValueError(f"mode {mode!r} is causal only (a learned recency over the keys before the query)")
-        changed = [name for name, value, default in (
-            ("coupling", coupling, "full"), ("coupling_window", coupling_window, None),
-            ("coupling_window_relative", coupling_window_relative, False), ("coupling_range", coupling_range, None),
-            ("method_options", method_options or {}, {})) if value != default]
-        if changed:
-            raise ValueError(f"mode {mode!r} has no couplings and no marginals: {', '.join(changed)} must keep "
-                             "the default")
     else:
         check_options(mode, method, method_options, causal=causal, coupling=coupling, coupling_window=coupling_window,
                       coupling_window_relative=coupling_window_relative, coupling_range=coupling_range)

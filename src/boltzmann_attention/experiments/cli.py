@@ -120,8 +120,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     p_repro = sub.add_parser("reproduce", help="sweep and report for a profile of the paper's experiments",
                              description="Sweep a profile's grid, then write its report.")
-    p_repro.add_argument("--profile", choices=studies.profiles(), default="quick",
-                         help=studies.profile_help().replace("%", "%%") + " (default: %(default)s)")
+    try:  # a broken study folder must not stop the other commands: reproduce names it when it runs
+        profiles, shown = studies.profiles(), studies.profile_help()
+    except studies.StudyError as e:
+        profiles, shown = None, f"(the studies cannot be listed: {e})"
+    p_repro.add_argument("--profile", choices=profiles, default="quick",
+                         help=shown.replace("%", "%%") + " (default: %(default)s)")
     p_repro.add_argument("--field-bias", choices=sorted(FIELD_BIASES), default=DEFAULT_FIELD_BIAS,
                          help=f"field bias of the Boltzmann modes (default {DEFAULT_FIELD_BIAS}, chosen by the fair "
                               f"study; {PAPER_FIELD_BIAS} is the paper's energy, which has no bias term)")

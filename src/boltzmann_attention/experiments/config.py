@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from .. import ising
+from .. import ising, modes
 from ..attention import BoltzmannAttention
 from ..ising.annealing import MAX_SPINS as DQA_MAX_SPINS
 from ..ising.banded import MAX_BANDWIDTH as BANDED_MAX_BANDWIDTH
@@ -140,6 +140,25 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
 
+    def __post_init__(self):
+        for name, kind in SECTIONS.items():
+            section = getattr(self, name)
+            if not isinstance(section, kind):
+                raise ValueError(f"TrainConfig's section {name!r} must be an instance of {kind.__name__}, got "
+                                 f"{type(section).__name__}; from plain values use TrainConfig.build(**flat fields) "
+                                 "or TrainConfig.from_dict(saved)")
+
+    def __setattr__(self, name: str, value) -> None:
+        """Write access by flat name too (``cfg.lr = 0.5`` sets ``cfg.optim.lr``): a flat write that only set
+        an attribute on the outer config would be ignored by training and by the saved config."""
+        section = FLAT.get(name)
+        if section is not None:
+            setattr(getattr(self, section), name, value)
+        elif name in FLAT or name in SECTIONS:
+            object.__setattr__(self, name, value)
+        else:
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+
     def __getattr__(self, name: str):
         """Read access by flat name (``cfg.lr`` is ``cfg.optim.lr``); called only where no attribute matched."""
         section = FLAT.get(name) if name != "__setstate__" else None
@@ -172,11 +191,25 @@ class TrainConfig:
     def from_dict(cls, saved: dict) -> TrainConfig:
         """A config as saved in a result or checkpoint: nested (``dataclasses.asdict``) or, from results
         written before the nesting, flat."""
+        if not isinstance(saved, dict):
+            raise ValueError(f"a saved config must be a dict, got {type(saved).__name__}")
         if any(isinstance(saved.get(name), dict) for name in SECTIONS):
             flat = {k: v for k, v in saved.items() if k not in SECTIONS}
             for name in SECTIONS:
-                flat.update(saved.get(name, {}))
+                section = saved.get(name, {})
+                if not isinstance(section, dict):
+                    raise ValueError(f"the saved config's section {name!r} must be a dict of its fields, got "
+                                     f"{type(section).__name__}")
+                both = {k for k in section if k in flat and flat[k] != section[k]}
+                if both:
+                    raise ValueError(f"the saved config holds {sorted(both)} both flat and in section {name!r}, "
+                                     "with different values: keep one")
+                flat.update(section)
             return cls.from_flat(flat)
+        wrong = [name for name in SECTIONS if name in saved]
+        if wrong:
+            raise ValueError(f"the saved config's section {wrong[0]!r} must be a dict of its fields, got "
+                             f"{type(saved[wrong[0]]).__name__}")
         return cls.from_flat(saved, legacy=True)
 
     def replace(self, **flat) -> TrainConfig:
@@ -254,13 +287,13 @@ class TrainConfig:
         a, T = self.attention, self.data.T
         limit = {"exact": a.method_options.get("max_spins", EXACT_MAX_SPINS), "reference": 20,
                  "dqa": DQA_MAX_SPINS}.get(a.method)
-        uses_marginals = a.mode not in ("softmax", "h", "fox", "stickbreaking")
-        if uses_marginals and limit is not None and T > limit and a.coupling != "window":
+        record = modes.get(a.mode)
+        if record.marginals and limit is not None and T > limit and a.coupling != "window":
             raise ValueError(f"T = {T} is beyond method {a.method!r}'s limit of {limit} spins; "
                              "use method='banded' (with coupling='relative'), 'meanfield' or 'tap'")
-        if "K" in a.mode and a.method not in ("exact", "reference"):
+        if record.three_body and a.method not in ("exact", "reference"):
             raise ValueError(f"mode {a.mode!r} (three-body couplings) needs method='exact'")
-        if a.coupling == "relative" and a.method == "banded" and "J" in a.mode:
+        if a.coupling == "relative" and a.method == "banded" and record.couplings:
             width = T - 1 if a.coupling_range is None else a.coupling_range
             limit = a.method_options.get("max_bandwidth", BANDED_MAX_BANDWIDTH)
             if width > limit:

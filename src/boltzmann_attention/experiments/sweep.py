@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .. import modes
 from . import coattention
 from .train import TrainConfig, load_final, train, write_result
 
@@ -70,10 +71,10 @@ class Grid:
         out = []
         for task in self.tasks:
             for T in self.Ts:
-                overrides = dict(self.overrides)
-                if self.field_bias is not None:
-                    overrides.update(field_bias_config(self.field_bias, T))
                 for mode in self.modes:
+                    overrides = dict(self.overrides)
+                    if self.field_bias is not None and modes.get(mode).field_bias:  # softmax has none
+                        overrides.update(field_bias_config(self.field_bias, T))
                     for method in self.methods:
                         for seed in self.seeds:
                             cfg = TrainConfig.build(task=task, T=T, mode=mode, method=method, seed=seed, **overrides)
@@ -205,7 +206,7 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
                 found = file_problems(path)
                 if not found:
                     skipped += 1
-                    if cfg.attention.coupling_window is not None and "J" in cfg.attention.mode:
+                    if cfg.attention.coupling_window is not None and modes.get(cfg.attention.mode).couplings:
                         unmeasured.append(path)
                     continue
                 broken.append((path, found))

@@ -31,21 +31,53 @@ from ..report import ReportContext
 from ..results import Results, load_runs, write_archive
 from ..sweep import DEFAULT_FIELD_BIAS, Grid, field_bias_config
 
-__all__ = ["all_studies", "load_decisions", "profile", "profile_help", "profiles", "protocol", "sets_own_init",
-           "study_of", "study_of_profile", "write_report"]
+__all__ = ["StudyError", "all_studies", "load_decisions", "profile", "profile_help", "profiles", "protocol",
+           "sets_own_init", "study_of", "study_of_profile", "write_report"]
 
 PROTOCOL = "protocol.md"
 DECISIONS = "decisions.json"
 ARCHIVE = "runs.jsonl.gz"
 
 
+class StudyError(ValueError):
+    """A study folder that cannot be used: its message names the study and its file, in one line."""
+
+
+def _load(info: pkgutil.ModuleInfo) -> ModuleType:
+    """The study package ``info`` imported and its names checked; StudyError naming it and its file otherwise."""
+    where = Path(info.module_finder.path) / info.name / "__init__.py"
+    try:
+        study = importlib.import_module(f"{__name__}.{info.name}")
+    except Exception as e:  # any error inside a study's code: name the study instead of a traceback
+        raise StudyError(f"study {info.name!r} ({where}) cannot be imported: {type(e).__name__}: {e}") from e
+    problems = []
+    if not isinstance(getattr(study, "PROFILES", None), dict) or not all(
+            isinstance(k, str) and callable(v) for k, v in study.PROFILES.items()):
+        problems.append("PROFILES must be a dict of profile names to grid functions")
+    elif not isinstance(getattr(study, "HELP", None), dict) or set(study.HELP) != set(study.PROFILES):
+        problems.append("HELP must be a dict with one line per profile")
+    problems += [f"{f}() is missing" for f in ("owns", "report") if not callable(getattr(study, f, None))]
+    if problems:
+        raise StudyError(f"study {info.name!r} ({where}): {'; '.join(problems)}")
+    return study
+
+
 def all_studies() -> list[ModuleType]:
-    """Every study package under this one (its search path included), the default study first, then by name."""
-    found = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)
-             if info.ispkg and not info.name.startswith("_")]
+    """Every study package under this one (its search path included), the default study first, then by name.
+    StudyError (a ValueError) naming the study and its file for a folder that cannot be imported or lacks its
+    names, and for a profile name that two studies use."""
+    found = [_load(info) for info in pkgutil.iter_modules(__path__) if info.ispkg and not info.name.startswith("_")]
+    owner = {}
+    for study in found:
+        for profile_name in study.PROFILES:
+            if profile_name in owner:
+                raise StudyError(f"profile {profile_name!r} is defined by two studies, {name(owner[profile_name])!r} "
+                                 f"({owner[profile_name].__file__}) and {name(study)!r} ({study.__file__}): rename "
+                                 "one")
+            owner[profile_name] = study
     defaults = [s for s in found if getattr(s, "DEFAULT", False)]
     if len(defaults) != 1:
-        raise RuntimeError(f"exactly one study must set DEFAULT = True, found {[name(s) for s in defaults]}")
+        raise StudyError(f"exactly one study must set DEFAULT = True, found {[name(s) for s in defaults]}")
     return defaults + sorted((s for s in found if s not in defaults), key=name)
 
 
@@ -95,7 +127,12 @@ def load_decisions(study: ModuleType):
     if kind is None:
         return None
     path = folder(study) / DECISIONS
-    data = json.loads(path.read_text()) if path.exists() else {}
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError as e:
+        raise StudyError(f"study {name(study)!r}: {path} is not JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise StudyError(f"study {name(study)!r}: {path} must hold a JSON object of decisions")
     known = {f.name for f in dataclasses.fields(kind)}
     unknown = [k for k in data if k.lower() not in known]
     if unknown:
@@ -121,7 +158,14 @@ def study_of(res: Results) -> ModuleType:
     """The study whose report fits these results: the first other than the default that owns them, else the
     default."""
     default, *others = all_studies()
-    return next((s for s in others if s.owns(res)), default)
+    for study in others:
+        try:
+            owned = study.owns(res)
+        except Exception as e:  # a study's own rule failing: name it
+            raise StudyError(f"study {name(study)!r} ({study.__file__}): owns() raised {type(e).__name__}: {e}") from e
+        if owned:
+            return study
+    return default
 
 
 def context(study: ModuleType, results_dir: Path, out: Path, decisions=None) -> ReportContext:
