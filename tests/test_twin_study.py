@@ -212,3 +212,23 @@ def test_the_registry_writes_the_twin_report_for_its_runs(tmp_path):
     assert "Co-attention or learning speed" not in readme.splitlines()[0]  # the header, then the protocol's text
     assert "## Stage A1" in readme and "| h-pairs8 | **0.25** | slot x0.25 | 1.7250 |" in readme
     assert "h-pairs8: best at 0.25, the grid's edge: the rule adds 0.0625" in readme
+
+
+TWIN_ARCHIVE = PRIORS_ARCHIVE.parents[1] / "twin" / "runs.jsonl.gz"
+
+
+@pytest.mark.skipif(not (PRIORS_ARCHIVE.exists() and TWIN_ARCHIVE.exists()), reason="the archives are not here")
+def test_the_recorded_decisions_are_the_rules_output_on_the_archived_runs():
+    from boltzmann_attention.experiments.results import Results
+    from boltzmann_attention.experiments.studies import twin
+
+    R = importlib.import_module("boltzmann_attention.experiments.studies.twin.report")
+    d = studies.load_decisions(twin)
+    res = Results(load_runs(TWIN_ARCHIVE) + load_runs(PRIORS_ARCHIVE))
+    decided = R.decide_a1(res, d)
+    assert {arm: m for arm, (m, extra) in decided.items() if extra is None} == dict(d.multiplier)
+    assert {arm: (extra,) for arm, (_, extra) in decided.items() if extra is not None} == dict(d.extra_multipliers)
+    for arm, m in R.decide_a2(res, d).items():
+        assert d.window_slot_multiplier.get(arm, m) == m
+    for arm, m in R.decide_a3(res, d).items():
+        assert d.long_multiplier.get(arm, m) == m
