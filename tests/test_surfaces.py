@@ -227,7 +227,8 @@ def test_a_broken_study_is_named_in_one_line_and_train_still_runs(case, tmp_path
     assert message.split(":")[0].replace("\\", "") in capsys.readouterr().err
     out = tmp_path / "run.json"
     assert cli.main(["train", "--task", "brackets", "--T", "4", "--steps", "1", "--batch-size", "2", "--d-model", "8",
-                     "--d-ff", "8", "--eval-interval", "1", "--train-sequences", "8", "--mode", "softmax", "--warmup-steps", "0",
+                     "--d-ff", "8", "--eval-interval", "1", "--train-sequences", "8", "--mode", "softmax",
+                     "--warmup-steps", "0",
                      "--out", str(out)]) == 0
     assert out.exists()
 

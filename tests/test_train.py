@@ -22,7 +22,6 @@ from boltzmann_attention.experiments.sweep import Grid, run_name, sweep
 from boltzmann_attention.experiments.train import (
     TrainConfig,
     default_checkpoint,
-    default_threads,
     marginals_method,
     model_config,
     read_checkpoint,
@@ -225,11 +224,15 @@ def test_threads_are_set_for_the_run_and_restored():
             train(cfg, threads=0, progress=False)
     finally:
         torch.set_num_threads(before)
+    from boltzmann_attention.experiments.sweep import threads_per_run
+
     cores = len(os.sched_getaffinity(0))
-    for runs in (1, 2, 3, 64):
-        per_run = default_threads(runs)
-        assert per_run >= 1 and (per_run * runs <= cores or per_run == 1)
-    assert default_threads(1) == cores
+    with pytest.MonkeyPatch.context() as m:
+        m.delenv("OMP_NUM_THREADS", raising=False)
+        for runs in (1, 2, 3, 64):
+            per_run = threads_per_run(runs)
+            assert per_run >= 1 and (per_run * runs <= cores or per_run == 1)
+        assert threads_per_run(1) == cores
 
 
 @pytest.mark.parametrize("change,message", [

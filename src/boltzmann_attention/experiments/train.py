@@ -16,7 +16,7 @@ so a damaged file is refused and a crafted one cannot run code. Written atomical
 
 Threads: ``train(threads=n)`` runs with n torch threads (restored afterwards); the default keeps torch's
 current setting (all cores unless set). Concurrent runs on one machine must share the cores: give each
-``threads=default_threads(concurrent_runs)`` (cores // runs), since more threads than cores make torch's
+``threads=sweep.threads_per_run(concurrent_runs)`` (cores // runs), since more threads than cores make torch's
 OpenMP threads spin against each other (two runs with two threads each on 2 cores ran ~20x slower).
 
 Distributed: under ``torchrun`` (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel over gloo;
@@ -60,7 +60,7 @@ from .config import COUPLINGS, LEGACY, TASKS, TrainConfig, _integer
 from .model import Model, ModelConfig, loss_fn
 
 __all__ = ["COUPLINGS", "LEGACY", "TASKS", "TrainConfig", "train", "setup_run", "train_step", "build_optimizer",
-           "write_result", "read_checkpoint", "load_final", "default_checkpoint", "default_threads", "memory_probe",
+           "write_result", "read_checkpoint", "load_final", "default_checkpoint", "memory_probe",
            "model_config"]
 CHECKPOINT_FORMAT = 2
 _MAGIC = b"boltzmann-attention checkpoint 2\n"  # then 64 hex digits of sha256(payload), a newline, the payload
@@ -153,13 +153,6 @@ def build_optimizer(model: Model, cfg: TrainConfig) -> torch.optim.Optimizer:
 def default_checkpoint(out: str | Path) -> Path:
     """The checkpoint path that goes with the result file ``out``: ``results/x.json`` -> ``results/x.ckpt.pt``."""
     return Path(out).with_suffix(".ckpt.pt")
-
-
-def default_threads(concurrent_runs: int = 1) -> int:
-    """Torch threads per run for ``concurrent_runs`` runs sharing this machine: usable cores // runs (>= 1)."""
-    _integer("concurrent_runs", concurrent_runs, 1)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // concurrent_runs)
 
 
 def check_output_path(path: str | Path, what: str = "output") -> Path:
@@ -318,7 +311,7 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
     ``checkpoint_interval`` steps and at the end (:func:`default_checkpoint` gives the path next to a
     result file). ``out``: the result path the caller will write (with :func:`write_result`); like the
     checkpoint's, its folder is created and checked to be writable before training. ``threads``: torch
-    threads for this run (restored afterwards; default: leave torch's setting; see :func:`default_threads`).
+    threads for this run (restored afterwards; default: leave torch's setting; see :func:`.sweep.threads_per_run`).
     ``wall_time_s`` is the training time summed over every segment of a resumed run.
 
     Raises ValueError before training for a bad config or output path, and during training when the run
