@@ -232,3 +232,58 @@ def test_the_recorded_decisions_are_the_rules_output_on_the_archived_runs():
         assert d.window_slot_multiplier.get(arm, m) == m
     for arm, m in R.decide_a3(res, d).items():
         assert d.long_multiplier.get(arm, m) == m
+
+
+def _write_seeds(root, losses):
+    """Result JSONs of every seed for {Setting: {seed: loss}} (seeded wall times: 100 s per run)."""
+    import json
+    import math
+    from dataclasses import asdict
+
+    for setting, by_seed in losses.items():
+        grid = Grid(("shakespeare",), (setting.T,), (G.ARMS[setting.arm].mode,), ("exact",), tuple(by_seed),
+                    setting.variant, setting.overrides)
+        for name, cfg in grid.runs():
+            loss = by_seed[cfg.seed]
+            val = {"loss": loss, "ppl": math.exp(loss), "loss_last": loss, "ppl_last": math.exp(loss)}
+            result = {"run": name, "variant": grid.variant, "config": asdict(cfg), "seed": cfg.seed,
+                      "steps_run": cfg.steps, "wall_time_s": 100.0, "metrics": {"val": val},
+                      "history": [{"step": cfg.steps, "train_loss": 1.0, **val}], "machine": "x86_64", "cpus": 2,
+                      "torch": "2.13.0", "python": "3.11", "commit": "abc"}
+            path = root / "runs" / f"{name}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result))
+
+
+def test_stages_b_to_d_are_reported_with_their_verdicts(tmp_path):
+    from boltzmann_attention.experiments.report import ReportContext
+    from boltzmann_attention.experiments.results import Results
+
+    R = importlib.import_module("boltzmann_attention.experiments.studies.twin.report")
+    d = G.Decisions(long_multiplier={"window16-slot16": 1.0, "window8-slot8": 1.0, "h-slot16": 4.0,
+                                     "h-pairs16": 1.0, "h-pairs8": 1.0},
+                    window_slot_multiplier={"window16-slot16": 1.0, "window8-slot8": 1.0})
+    noise = {0: 0.0, 1: 0.004, 2: -0.003, 3: 0.002, 4: -0.001}  # per seed, shared by the arms: paired
+    mean = {"window16-slot16": 1.540, "window8-slot8": 1.545, "h-slot16": 1.600, "h-pairs16": 1.541,
+            "h-pairs8": 1.546, "window16-rope": 1.530, "window8-rope": 1.535, "h-rope": 1.560, "h-rope-slot16": 1.531,
+            "softmax-rope": 1.547, "stickbreaking": 1.529}
+    settings = {name: G.long_setting(name, d) for name in mean}
+    _write_seeds(tmp_path, {s: {seed: mean[n] + e + (0.001 * seed if n == "h-pairs16" else 0.0)
+                                for seed, e in noise.items()} for n, s in settings.items()})
+    res = Results(load_runs(tmp_path))
+    assert R.decide_best(res, d) == {"best_coupled": "window16-rope", "best_uncoupled": "stickbreaking"}
+    d = dataclasses.replace(d, best_coupled="window16-rope", best_uncoupled="stickbreaking",
+                            equal_compute_arm="stickbreaking", equal_compute_steps=1600)
+    _write_seeds(tmp_path, {G.Setting("stickbreaking", G.LONG_T, steps=1600): {s: 1.538 + e for s, e in noise.items()}})
+    res = Results(load_runs(tmp_path))
+    text = "\n".join(R.report(res, ReportContext(tmp_path, tmp_path / "out", d, "# T\n\nThe rules.\n")))
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if " vs " in line}
+    assert "better" in rows["window16-slot16 vs h-slot16"] and "+60.00" in rows["window16-slot16 vs h-slot16"]
+    assert "equivalent within ±15" in rows["window16-slot16 vs h-pairs16"]
+    assert "equivalent within ±15 (the coupled arm ahead" in rows["window16-rope vs h-rope-slot16"]  # +1, no spread
+    assert "better" in rows["window16-rope vs h-rope"]
+    equal_time = next(line for line in text.splitlines() if "equal wall time" in line)
+    assert "stickbreaking: 1600 steps" in equal_time and "+8.00" in equal_time  # 1.538 against 1.530
+    assert "equivalent within ±15 (the coupled arm ahead" in equal_time
+    assert "### 3. The best coupled arm against the best uncoupled arm" in text
+    assert "| stickbreaking | - | 1.5294 ± 0.0027 (n=5) |" in text
