@@ -273,3 +273,19 @@ def test_a_finfo_min_mask_entry_with_couplings_is_refused_as_the_docstring_says(
     absent = mask.masked_fill(mask < 0, float("-inf"))  # the way out: -inf (or a bool mask) removes the key
     torch.testing.assert_close(boltzmann_attention(q, k, v, couplings=J, attn_mask=absent),
                                boltzmann_attention(q, k, v, couplings=J, attn_mask=mask == 0))
+
+
+def test_a_saved_config_with_options_its_mode_ignored_reads_back_as_the_model_it_trained():
+    """Results written before unused options were refused (softmax under a field-bias variant) still load: the
+    options their training ignored read back at their defaults, and the config validates."""
+    from dataclasses import asdict
+
+    from boltzmann_attention.experiments.config import TrainConfig
+
+    saved = asdict(TrainConfig.build(mode="h+J"))
+    saved["attention"].update(mode="softmax", field_bias_init=0.0, learn_field_bias=False, coupling_init_std=0.1)
+    cfg = TrainConfig.from_dict(saved)
+    assert (cfg.field_bias_init, cfg.learn_field_bias, cfg.coupling_init_std) == (None, True, 0.0)
+    cfg.validate()
+    kept = TrainConfig.from_dict(asdict(TrainConfig.build(mode="h", field_bias_init=0.0)))
+    assert kept.field_bias_init == 0.0  # used by mode h: kept

@@ -58,7 +58,7 @@ RECENCY_MODES = tuple(n for n, m in RECORDS.items() if m.recency)
 WINDOW_MODES = tuple(n for n, m in RECORDS.items() if m.window)
 
 # the module's options that only some modes use: name -> (its default, which modes use it)
-_USED_BY = {
+USED_BY = {
     "method": ("exact", lambda m: m.marginals),
     "method_options": ({}, lambda m: m.marginals),
     "coupling": ("full", lambda m: m.couplings),
@@ -79,12 +79,12 @@ def get(name, choices: tuple[str, ...] = LAYER_MODES) -> Mode:
 
 
 def unused_options(mode: str, **options) -> list[str]:
-    """The names among ``options`` (of :data:`_USED_BY`) that ``mode`` does not use and that differ from their
+    """The names among ``options`` (of :data:`USED_BY`) that ``mode`` does not use and that differ from their
     defaults (None counts as the default of method_options)."""
     record = get(mode)
     out = []
     for name, value in options.items():
-        default, used = _USED_BY[name]
+        default, used = USED_BY[name]
         if name == "method_options" and value is None:
             value = {}
         if not used(record) and not (value is default or value == default):
@@ -92,4 +92,5 @@ def unused_options(mode: str, **options) -> list[str]:
     return out
 
 
-__all__ = ["LAYER_MODES", "MODES", "RECENCY_MODES", "RECORDS", "WINDOW_MODES", "Mode", "get", "unused_options"]
+__all__ = ["LAYER_MODES", "MODES", "RECENCY_MODES", "RECORDS", "USED_BY", "WINDOW_MODES", "Mode", "get",
+           "unused_options"]

@@ -205,12 +205,12 @@ class TrainConfig:
                     raise ValueError(f"the saved config holds {sorted(both)} both flat and in section {name!r}, "
                                      "with different values: keep one")
                 flat.update(section)
-            return cls.from_flat(flat)
+            return _without_unused(cls.from_flat(flat))
         wrong = [name for name in SECTIONS if name in saved]
         if wrong:
             raise ValueError(f"the saved config's section {wrong[0]!r} must be a dict of its fields, got "
                              f"{type(saved[wrong[0]]).__name__}")
-        return cls.from_flat(saved, legacy=True)
+        return _without_unused(cls.from_flat(saved, legacy=True))
 
     def replace(self, **flat) -> TrainConfig:
         """A copy with these flat fields changed."""
@@ -300,6 +300,17 @@ class TrainConfig:
                 raise ValueError(f"method 'banded' runs a chain of 2^w states for coupling range w = {width}"
                                  f"{' (T - 1, the default)' if a.coupling_range is None else ''}, beyond its "
                                  f"max_bandwidth {limit}; set coupling_range <= {limit}")
+
+
+def _without_unused(cfg: TrainConfig) -> TrainConfig:
+    """The saved config with the options its mode does not use at their defaults: results written before such
+    options were refused hold them (softmax runs with a field-bias variant, say), and their training ignored
+    them, so the defaults describe the same model."""
+    a = cfg.attention
+    if a.mode in modes.RECORDS:
+        for name in modes.unused_options(a.mode, **{n: getattr(a, n) for n in modes.USED_BY}):
+            setattr(a, name, modes.USED_BY[name][0] if name != "method_options" else {})
+    return cfg
 
 
 def _choice(name: str, value, choices) -> None:
