@@ -142,22 +142,7 @@ def test_the_study_owns_its_runs_with_the_priors_configs_it_reruns():
 
 def _write(root, losses):
     """A seed-0 result JSON per setting with its validation loss ({Setting: loss})."""
-    import json
-    import math
-    from dataclasses import asdict
-
-    for setting, loss in losses.items():
-        grid = Grid(("shakespeare",), (setting.T,), (G.ARMS[setting.arm].mode,), ("exact",), (G.TUNING_SEED,),
-                    setting.variant, setting.overrides)
-        for name, cfg in grid.runs():
-            val = {"loss": loss, "ppl": math.exp(loss), "loss_last": loss, "ppl_last": math.exp(loss)}
-            result = {"run": name, "variant": grid.variant, "config": asdict(cfg), "seed": cfg.seed,
-                      "steps_run": cfg.steps, "wall_time_s": 100.0, "metrics": {"val": val},
-                      "history": [{"step": cfg.steps, "train_loss": 1.0, **val}], "machine": "x86_64", "cpus": 2,
-                      "torch": "2.13.0", "python": "3.11", "commit": "abc"}
-            path = root / "runs" / f"{name}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(result))
+    _write_seeds(root, {setting: {G.TUNING_SEED: loss} for setting, loss in losses.items()})
 
 
 def test_the_rules_decide_from_the_runs_and_the_report_shows_them(tmp_path):
