@@ -12,7 +12,6 @@ from test_transformers_integration import (  # noqa: E402
     BIAS,
     CACHE,
     FULL,
-    MODELS,
     RELATIVE_BANDED,
     VOCAB,
     WINDOW,
@@ -152,6 +151,3 @@ def test_a_base_model_loads_a_head_models_checkpoint_and_back(name, base, head, 
     torch.testing.assert_close(again.base_model(x).last_hidden_state, model.base_model(x).last_hidden_state,
                                rtol=0, atol=0)
 
-
-def test_models_of_the_integration_tests_are_all_covered():
-    assert set(MODELS) | {"mistral"} == {name for name, _ in CASES}

@@ -349,7 +349,7 @@ class BoltzmannAttention(nn.Module):
             raise ValueError(f"x must have shape (B, L, embed_dim = {self.embed_dim}), got {tuple(x.shape)}")
 
     def _check_cache(self, cache: dict, x: Tensor) -> None:
-        """ValueError unless ``cache`` is this layer's, from earlier calls with x's batch size, dtype and device."""
+        """ValueError unless ``cache`` is this layer's, from earlier calls with x's batch size and device."""
         expected = {"owner", "key", "value"} | ({"log_forget"} if self.mode == "fox" else set())
         owner = cache.get("owner")
         if not isinstance(owner, weakref.ref) or owner() is not self:

@@ -165,8 +165,8 @@ def _keys_from(x: Tensor, window: int, offset: int, rows: int) -> Tensor:
 def _overlapping_blocks(x: Tensor, step: int, size: int, blocks: int) -> Tensor:
     """Rows b * step .. b * step + size - 1 of x (..., N, E) for each block b < blocks: (..., blocks, size, E).
 
-    Stacked slices rather than ``Tensor.unfold``: torch.compile's CPU code for unfold's backward writes out of
-    bounds on AVX2 machines (a segmentation fault, torch 2.13), and slices' backward is a plain pad."""
+    Stacked slices rather than ``Tensor.unfold``: torch.compile's CPU code for unfold's backward can write out of
+    bounds on AVX2 machines, while a slice's backward is a plain pad."""
     return torch.stack([x[..., b * step:b * step + size, :] for b in range(blocks)], dim=-3)
 
 
