@@ -542,7 +542,7 @@ def _finite_logz(shape):
 
 
 OPTION_ERRORS = {  # method: [(options, message)]
-    "exact": [({"max_spins": -1}, "max_spins must be an integer >= 0"), ({"max_spins": True}, "max_spins"),
+    "exact": [({"max_spins": 0}, "max_spins must be an integer >= 1"), ({"max_spins": True}, "max_spins"),
               ({"max_spins": 2.5}, "max_spins"), ({"max_spins": "24"}, "max_spins"),
               ({"max_spins": 3}, "limited to n <= 3 present spins")],
     "banded": [({"chunk_size": -3}, "chunk_size"), ({"chunk_size": 0}, "chunk_size"),

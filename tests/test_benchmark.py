@@ -2,16 +2,20 @@
 output paths checked before anything is measured, a dead measuring process reported instead of waited on,
 and a tiny run of every subcommand (smallest sizes: a check that it works, not a measurement)."""
 
+import inspect
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
+from boltzmann_attention import ising
 from boltzmann_attention.experiments.benchmarks import approximations, cli, common, dqa, layers, training
 from boltzmann_attention.experiments.benchmarks.layers import Case, Result
 
@@ -370,6 +374,33 @@ def test_banded_smoke_run_against_a_baseline_commit(capsys, monkeypatch):
     banded = "h+J relative range 8, banded (exact)"
     assert [r.split(" | ")[0][2:] for r in rows] == ["h (sigmoid, materialised)", banded, f"{banded} at HEAD"]
     assert "Mean field / TAP solver" not in out
+
+
+def test_the_banded_baseline_row_times_the_old_module(monkeypatch):
+    """The row 'at COMMIT' runs the functions of the module git shows for that commit, and only that row does;
+    the layer is the same (the same weights) as today's row."""
+    calls = {"old": 0}
+    today = ising.banded
+
+    def old_marginals(h, J, K, mask, **options):
+        calls["old"] += 1
+        return today.marginals(h, J, K, mask, **options)
+
+    stub = types.SimpleNamespace(marginals=old_marginals, log_partition=today.log_partition)
+    stub.marginals.__signature__ = inspect.signature(today.marginals)
+    monkeypatch.setattr(layers, "module_at", lambda commit, path, name: stub)
+    rows = layers.banded_layers(10, "OLD", d_model=16, heads=2)
+    x = torch.randn(2, 10, 16)
+    names = list(rows)
+    assert calls["old"] == 0
+    new_out = rows[names[1]](x)[0]
+    assert calls["old"] == 0
+    old_out = rows[names[2]](x)[0]
+    assert calls["old"] == 1 and names[2].endswith("at OLD")
+    torch.testing.assert_close(old_out, new_out, rtol=0, atol=0)
+    seconds = layers.window_times(10, 1, 4, threads=1, repeats=2, baseline="OLD", banded_only=True, heads=2,
+                                  d_model=16)
+    assert set(seconds) == set(names) and calls["old"] == 1 + 3  # one warm-up and two rounds, that row only
 
 
 def test_banded_baseline_that_git_cannot_show_is_a_clear_error(monkeypatch):

@@ -305,9 +305,10 @@ class BoltzmannAttention(nn.Module):
             coupling_range = max_len - 1
         self.embed_dim, self.num_heads, self.max_len = embed_dim, num_heads, max_len
         self.mode, self.method, self.causal = mode, method, causal
-        self._toeplitz = ising.resolve_method(method).toeplitz  # relative J goes to the solver as its profile
+        solver = ising.resolve_method(method)
+        self._toeplitz = solver.toeplitz  # relative J goes to the solver as its profile
         self.method_options = dict(method_options or {})
-        if method == "banded" and coupling == "relative" and uses_J:  # J's band is known: J_jk = 0 beyond the range
+        if "bandwidth" in solver.options and coupling == "relative" and uses_J:  # J_jk = 0 beyond the range
             self.method_options.setdefault("bandwidth", coupling_range)
         self.query = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
         self.key = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None

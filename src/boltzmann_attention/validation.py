@@ -95,6 +95,9 @@ def check_options(mode: str, method, method_options: dict | None, *, causal: boo
         if coupling_window_relative:
             raise ValueError(f"coupling_window_relative applies to coupling='window' only, got coupling={coupling!r}")
         ising.validate_options(method, options)  # names and values: now, not at the first forward
+        if modes.get(mode).three_body and not resolve_method(method).three_body:
+            raise ValueError(f"mode {mode!r} has three-body couplings, which method {method!r} does not take; use "
+                             f"one of the methods {_names(methods_with('three_body'))}")
         return
     if mode not in WINDOW_MODES:
         raise ValueError(f"coupling_window needs a mode with pairwise couplings and no three-body terms "

@@ -18,7 +18,6 @@ fields that did not exist yet with the values those runs used (``LEGACY``).
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 import warnings
@@ -28,9 +27,7 @@ import torch
 
 from .. import ising, modes
 from ..attention import BoltzmannAttention
-from ..ising.annealing import MAX_SPINS as DQA_MAX_SPINS
-from ..ising.banded import MAX_BANDWIDTH as BANDED_MAX_BANDWIDTH
-from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
+from ..ising.methods import REGISTRY, resolve_method
 from ..validation import LAYER_MODES, SLOT_BIAS_PARAMETRIZATIONS
 from . import data as datasets
 
@@ -282,24 +279,30 @@ class TrainConfig:
                           f"reaches lr and never decays", stacklevel=2)
 
     def _check_limits(self) -> None:
-        """The marginal method's size limit at this T: the spins a query enumerates (exact, reference, dqa: T
-        unless the window bounds them), the chain's width (banded: the coupling range, T - 1 by default)."""
+        """The marginal method's size limits at this T, read from its record: the spins a query enumerates
+        (T unless the window bounds them), the band of couplings it solves (the coupling range, T - 1 by
+        default)."""
         a, T = self.attention, self.data.T
-        limit = {"exact": a.method_options.get("max_spins", EXACT_MAX_SPINS), "reference": 20,
-                 "dqa": DQA_MAX_SPINS}.get(a.method)
-        record = modes.get(a.mode)
+        method, record = resolve_method(a.method), modes.get(a.mode)
+        limit = method.spin_limit(a.method_options)
         if record.marginals and limit is not None and T > limit and a.coupling != "window":
-            raise ValueError(f"T = {T} is beyond method {a.method!r}'s limit of {limit} spins; "
-                             "use method='banded' (with coupling='relative'), 'meanfield' or 'tap'")
-        if record.three_body and a.method not in ("exact", "reference"):
-            raise ValueError(f"mode {a.mode!r} (three-body couplings) needs method='exact'")
-        if a.coupling == "relative" and a.method == "banded" and record.couplings:
+            raise ValueError(f"T = {T} is beyond the limit of method {a.method!r}, {limit} spins per query; use "
+                             f"coupling='window' (exact at any T), coupling='relative' with method "
+                             f"{_with('max_bandwidth')} (exact), or method {_with('approximate')} (any T)")
+        most = method.bandwidth_limit(a.method_options)
+        if a.coupling == "relative" and most is not None and record.couplings:
             width = T - 1 if a.coupling_range is None else a.coupling_range
-            limit = a.method_options.get("max_bandwidth", BANDED_MAX_BANDWIDTH)
-            if width > limit:
-                raise ValueError(f"method 'banded' runs a chain of 2^w states for coupling range w = {width}"
+            if width > most:
+                raise ValueError(f"method {a.method!r} runs a chain of 2^w states for coupling range w = {width}"
                                  f"{' (T - 1, the default)' if a.coupling_range is None else ''}, beyond its "
-                                 f"max_bandwidth {limit}; set coupling_range <= {limit}")
+                                 f"max_bandwidth {most}; set coupling_range <= {most}")
+
+
+def _with(what: str) -> str:
+    """The registered methods that solve a band of couplings ('max_bandwidth') or approximate ('approximate'),
+    for error messages."""
+    names = [n for n, m in REGISTRY.items() if (m.kind == what if what == "approximate" else getattr(m, what))]
+    return " or ".join(map(repr, names))
 
 
 def _without_unused(cfg: TrainConfig) -> TrainConfig:
@@ -341,20 +344,11 @@ def _number(name: str, value, *, above: float | None = None, at_least: float | N
 
 
 def _check_method_options(method: str, options) -> None:
-    """ValueError for options that are not a dict of names, or (where the method's signature lists its
-    keyword options) for a name the method does not take."""
+    """ValueError for options that are not a dict of names, or that the method's record refuses (an
+    unknown name, or a value the method would refuse at its first call)."""
     if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
         raise ValueError(f"method_options must be a dict of option names to values, got {options!r}")
-    if "max_spins" in options:
-        _integer("method_options['max_spins']", options["max_spins"], 1)
-    ising.validate_options(method, options)  # names, and the values the library checks up front
-    parameters = inspect.signature(ising.METHODS[method][0]).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return  # the method forwards its options: an unknown one is named at the first step
-    known = sorted(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for method {method!r}; known options: {known}")
+    ising.validate_options(method, options)
 
 
 def _owners(cfg: TrainConfig) -> dict:

@@ -105,7 +105,7 @@ class BoltzmannParameters(nn.Module):
         """The couplings for ``length`` keys as the functional form takes them (None in mode 'h')."""
         if self.couplings is None:
             return None
-        if isinstance(self.couplings, RelativeCouplings) and self.method in ("meanfield", "tap"):
+        if isinstance(self.couplings, RelativeCouplings) and ising.resolve_method(self.method).toeplitz:
             return ising.toeplitz.Toeplitz(self.couplings.weight.to(dtype))  # the profile, never (S, S)
         return self.couplings(length).to(dtype)
 
@@ -323,26 +323,25 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
             raise ValueError(f"mode {mode!r} has no couplings (sigmoid attention, in closed form), so {unused} would "
                              "be ignored: drop them, or use mode 'h+J'")
     if uses_J and coupling in ("full", "relative"):
-        limits = {"exact": ("max_spins", method_options.get("max_spins", ising.exact.MAX_SPINS)),
-                  "reference": (None, 20), "dqa": (None, ising.annealing.MAX_SPINS)}
-        if method in limits and max_len > limits[method][1]:
-            option, limit = limits[method]
+        record = ising.resolve_method(method)
+        limit, most = record.spin_limit(method_options), record.bandwidth_limit(method_options)
+        if limit is not None and max_len > limit:
+            option = " (option max_spins)" if "max_spins" in record.options else ""
             raise ValueError(
                 f"coupling={coupling!r} with method {method!r} enumerates up to max_len = {max_len} spins per query "
-                f"(the model's max_position_embeddings), more than its limit of {limit}"
-                f"{f' (option {option})' if option else ''}. Use coupling='window' with coupling_window <= 24 (exact "
-                "at any length), coupling='relative' with method='banded' (coupling_range <= 16) or 'meanfield' / "
-                "'tap' (approximate), or mode='h' (sigmoid attention, no couplings)")
-        if coupling == "full" and method == "banded":
-            raise ValueError("coupling='full' couples every pair of keys, so method 'banded' has no band to use; use "
-                             "coupling='relative' with coupling_range <= 16, or coupling='window'")
-        if coupling == "relative" and method == "banded":
+                f"(the model's max_position_embeddings), more than its limit of {limit}{option}. Use "
+                f"coupling='window' with coupling_window <= {ising.window.MAX_SPINS} (exact at any length), "
+                f"coupling='relative' with a banded method {ising.methods.methods_with('max_bandwidth')} or an "
+                "approximate one ('meanfield' / 'tap'), or mode='h' (sigmoid attention, no couplings)")
+        if coupling == "full" and most is not None:
+            raise ValueError(f"coupling='full' couples every pair of keys, so method {method!r} has no band to use; "
+                             f"use coupling='relative' with coupling_range <= {most}, or coupling='window'")
+        if coupling == "relative" and most is not None:
             width = max_len - 1 if opts["coupling_range"] is None else opts["coupling_range"]
-            most = method_options.get("max_bandwidth", ising.banded.MAX_BANDWIDTH)
             if isinstance(width, int) and width > most:
-                raise ValueError(f"coupling='relative' with method 'banded' has bandwidth coupling_range = {width} "
+                raise ValueError(f"coupling='relative' with method {method!r} has bandwidth coupling_range = {width} "
                                  f"(default max_len - 1), more than max_bandwidth = {most} (2^w transfer states): "
-                                 "pass coupling_range <= 16, or use method 'meanfield' / 'tap' (any range), or "
+                                 f"pass coupling_range <= {most}, or use method 'meanfield' / 'tap' (any range), or "
                                  "coupling='window'")
     if uses_J and coupling == "full":
         rolling = _rolling_window(config, max_len)

@@ -10,8 +10,8 @@ tensor that is zero where two indices coincide. A spin whose mask entry is False
 removed from every term of the energy (not clamped), log Z is that of the remaining spins, and its
 marginal is 0.
 
-Methods (one module each, each tested against ``reference``; their records, with options, kind and limit,
-are in :mod:`boltzmann_attention.ising.methods`):
+Methods (one module each, each tested against ``reference``; each module declares its record, with options,
+kind and limits, and :mod:`boltzmann_attention.ising.methods` collects them):
 
 =============  ======================================================  ====================
 method         what                                                    limit
@@ -41,12 +41,12 @@ raises an error naming its limit and the alternatives.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
 
-from . import annealing, banded, exact, mcmc, meanfield, opaque, reference, sqa, toeplitz, window
+from . import annealing, banded, exact, mcmc, meanfield, reference, sqa, toeplitz, window
 from ._inputs import check_inputs, empty_result, is_empty
 from .dimod_adapter import DimodSampler
 from .methods import REGISTRY, Method, resolve_method
@@ -56,12 +56,12 @@ __all__ = ["marginals", "log_partition", "validate_options", "resolve_method", "
            "meanfield", "reference", "sqa", "toeplitz", "window"]
 
 # name -> (marginals, log_partition), every function taking (h, J, K, mask, **options); a sampled method's
-# log_partition raises, naming the methods that give log Z
-METHODS: dict[str, tuple[Callable, Callable]] = {
-    name: (m.marginals, m.log_partition or mcmc.log_partition) for name, m in REGISTRY.items()}
+# log_partition raises, naming the methods that give log Z. Read-only, as the registry it is read from.
+METHODS = MappingProxyType({
+    name: (m.marginals, m.log_partition or mcmc.log_partition) for name, m in REGISTRY.items()})
 
 # name -> the options the method takes (its marginals and log_partition take the same ones)
-OPTIONS: dict[str, frozenset] = {name: m.options for name, m in REGISTRY.items()}
+OPTIONS = MappingProxyType({name: m.options for name, m in REGISTRY.items()})
 
 # methods whose marginals are sample means (stochastic; 'dqa' and 'sqa' are not even Boltzmann): no log Z
 SAMPLED_METHODS = frozenset(name for name, m in REGISTRY.items() if m.sampled)
@@ -85,9 +85,10 @@ def marginals(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *, ma
 
     h: (..., n) fields; J: (n, n) or broadcastable (..., n, n) couplings; K: (..., n, n, n) three-body
     couplings; mask: (..., n) bool, True where the spin exists. Differentiable in h, J and K.
-    ``method``: a name from :data:`METHODS`, or a :class:`DimodSampler`. ``options`` go to the method
-    (see its module). Under ``torch.compile``, method 'exact' is one opaque operator that runs this eager code
-    at run time (:mod:`boltzmann_attention.ising.opaque`): the same numbers, no graph break.
+    ``method``: a name from :data:`METHODS`, a :class:`Method` record, or a :class:`DimodSampler`. ``options``
+    go to the method (see its module). Under ``torch.compile``, a method whose record has a ``compiled``
+    function (method 'exact': one opaque operator that runs this eager code at run time,
+    :mod:`boltzmann_attention.ising.opaque`) runs that: the same numbers, no graph break.
     """
     return _marginals(h, J, K, mask, method, options)
 
@@ -98,12 +99,12 @@ def _marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | Non
     (symmetric with a zero diagonal by construction) after checking their values and the field's finite."""
     record = resolve_method(method)
     record.validate(options)
-    if record.name == "exact" and torch.compiler.is_compiling():  # one opaque node: see ising/opaque.py
-        return opaque.exact_marginals(h, J, K, mask, options.get("max_spins", exact.MAX_SPINS))
+    if record.compiled is not None and torch.compiler.is_compiling():  # one opaque node: see ising/opaque.py
+        return record.compiled(h, J, K, mask, **options)
     if check_inputs_:
         check_inputs(h, J, K, mask)
-    if record.name == "exact" and is_empty(h, J, K, mask):
-        return empty_result(h, J, K, mask, marginals=True)  # nothing to enumerate (exact.py assumes some)
+    if is_empty(h, J, K, mask):
+        return empty_result(h, J, K, mask, marginals=True)  # no spin to solve for
     return record.marginals(h, J, K, mask, **options)
 
 
@@ -115,6 +116,6 @@ def log_partition(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *
     check_inputs(h, J, K, mask)
     if record.log_partition is None:  # sampling gives no log Z: raises, naming the methods that do
         return mcmc.log_partition(h, J, K, mask, **options)
-    if record.name == "exact" and is_empty(h, J, K, mask):
+    if is_empty(h, J, K, mask):
         return empty_result(h, J, K, mask, marginals=False)
     return record.log_partition(h, J, K, mask, **options)

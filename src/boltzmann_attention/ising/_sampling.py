@@ -59,6 +59,7 @@ from torch import Tensor
 
 from ._autograd import first_order_backward
 from ._inputs import check_int, check_real, group_queries
+from .record import with_defaults
 
 __all__ = ["Draw", "GRADIENTS", "sampled_marginals", "sample_moments"]
 
@@ -96,6 +97,15 @@ def check_seed(seed: int | None, generator: torch.Generator | None) -> None:
         raise ValueError("give either seed or generator, not both")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed must be an int, got {seed!r}")
+
+
+def check_sampling_options(fn: Callable, options: dict) -> dict:
+    """The options every sampled method takes (num_samples, gradient, nudge, seed, generator) checked, with
+    ``fn``'s defaults filled in."""
+    o = with_defaults(fn, options)
+    check_options(o["num_samples"], o["gradient"], o["nudge"])
+    check_seed(o["seed"], o["generator"])
+    return o
 
 
 def resolve_generator(device, seed: int | None, generator: torch.Generator | None) -> torch.Generator:

@@ -6,7 +6,7 @@ Hamiltonian (D-Wave's form, docs/design.md "Samplers"), time t in ns, energies i
 
 so H_P is diagonal with entries E(z), the package's energy (E = -h.s - s.J.s/2) times
 ``energy_scale``. Z_j |z> = s_j |z> with s_j = +1 where bit j of the basis index is 1 (the order of
-``reference.configurations``). The state starts in |+>^n, the ground state of -sum_j X_j, and follows
+``enumeration.configurations``). The state starts in |+>^n, the ground state of -sum_j X_j, and follows
 i d/dt psi = 2 pi H psi: A and B are frequencies in GHz, times are in ns, and 2 pi turns GHz * ns into
 radians (``TWO_PI`` below; hbar = 1).
 
@@ -78,7 +78,8 @@ from torch import Tensor
 
 from ._inputs import check_inputs
 from ._sampling import check_options, check_seed, resolve_generator, sampled_marginals
-from .reference import configurations, negative_energies
+from .enumeration import configurations, negative_energies
+from .record import Method, keyword_options
 
 MAX_SPINS = 16
 TWO_PI = 2.0 * math.pi  # GHz * ns -> radians: phase = 2 pi * frequency[GHz] * time[ns]
@@ -691,3 +692,8 @@ def _calibrated_scale(target_beta, sizes, num_systems, field_mean, field_std, co
             x2 = a + ratio * (b - a)
             f2 = f(x2)
     return float(10.0 ** ((a + b) / 2))
+
+
+METHOD = Method("dqa", dqa_marginals, None, keyword_options(dqa_marginals) | frozenset(ANNEAL_OPTIONS), "sampled",
+                f"n <= {MAX_SPINS} spins (a 2^n statevector); not a Boltzmann distribution unless target_beta=1.0",
+                check_dqa_options, max_spins=MAX_SPINS)

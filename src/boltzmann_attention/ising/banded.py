@@ -74,6 +74,7 @@ from ._autograd import first_order_backward
 from ._inputs import check_int, empty_result, group_queries, is_empty
 from .numerics import FLOAT32_SCALE_LIMIT
 from .numerics import no_denormals as _no_denormals
+from .record import Method, keyword_options, with_defaults
 
 __all__ = ["marginals", "log_partition"]
 
@@ -772,3 +773,17 @@ class _LogDomain:
                 dbeta.copy_((db[:, 0] - g + torch.sigmoid(up - dn) * (db[:, 1] - db[:, 0] + 2 * g)).view(-1, a))
             beta.copy_(value - torch.logsumexp(value, 0))
         return joint
+
+
+def _check_options(options: dict) -> None:
+    o = with_defaults(marginals, options)
+    if o["bandwidth"] is not None:
+        check_int("bandwidth", o["bandwidth"], 0)
+    check_int("max_bandwidth", o["max_bandwidth"], 0)
+    if o["chunk_size"] is not None:
+        check_int("chunk_size", o["chunk_size"], 1)
+
+
+METHOD = Method("banded", marginals, log_partition, keyword_options(marginals), "exact",
+                f"J_jk = 0 for |j - k| > w, w <= {MAX_BANDWIDTH} (options bandwidth, max_bandwidth)", _check_options,
+                max_bandwidth=MAX_BANDWIDTH)

@@ -37,7 +37,8 @@ import torch
 from torch import Tensor
 
 from ._inputs import check_inputs
-from ._sampling import resolve_generator, sampled_marginals
+from ._sampling import check_sampling_options, resolve_generator, sampled_marginals
+from .record import Method, keyword_options
 
 
 class DimodSampler:
@@ -141,6 +142,13 @@ class DimodSampler:
             spins[i, :len(samples)][:, columns] = torch.as_tensor(samples, dtype=h.dtype)
             weights[i, :len(lw)] = torch.softmax(torch.as_tensor(lw, dtype=torch.float64), 0)
         return spins, weights.to(h.device)
+
+    @property
+    def record(self) -> Method:
+        """This sampler as a method record (sampled, no log Z): what ``ising.resolve_method`` returns for it."""
+        return Method("a DimodSampler", self.marginals, None, keyword_options(DimodSampler.marginals), "sampled",
+                      "one sample_ising call per query; marginals only (no log Z)",
+                      lambda options: check_sampling_options(DimodSampler.marginals, {"num_samples": 1, **options}))
 
     def marginals(self, h: Tensor, J: Tensor | None = None, K: Tensor | None = None,
                   mask: Tensor | None = None, *, gradient: str = "covariance", nudge: float = 0.1,

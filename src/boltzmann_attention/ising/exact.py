@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import planner, split
-from ._inputs import group_queries
+from ._inputs import check_int, group_queries
 from .numerics import log_2cosh
+from .record import Method, keyword_options
 
 MAX_SPINS = 24
 
@@ -132,3 +133,18 @@ def _patterns_one_by_one(h, J, K, patterns, which):
     return out_m.reshape(G, Q, n), out_logz.reshape(G, Q)
 
 
+def _check_options(options: dict) -> None:
+    if "max_spins" in options:
+        check_int("max_spins", options["max_spins"], 1)
+
+
+def _compiled(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
+              max_spins: int = MAX_SPINS) -> Tensor:
+    """The marginals as one opaque operator, what ``torch.compile`` traces (see ising/opaque.py)."""
+    from . import opaque  # it wraps this module's solver, so it is imported after it
+    return opaque.exact_marginals(h, J, K, mask, max_spins)
+
+
+METHOD = Method("exact", marginals, log_partition, keyword_options(marginals), "exact",
+                f"n <= {MAX_SPINS} present spins per query (option max_spins)", _check_options,
+                max_spins=MAX_SPINS, three_body=True, window=True, compiled=_compiled)

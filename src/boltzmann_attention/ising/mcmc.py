@@ -35,7 +35,8 @@ import torch
 from torch import Tensor
 
 from ._inputs import check_inputs, check_int, check_real, group_queries
-from ._sampling import check_options, resolve_generator, sample_moments, sampled_marginals
+from ._sampling import check_options, check_sampling_options, resolve_generator, sample_moments, sampled_marginals
+from .record import Method, keyword_options
 
 __all__ = ["gibbs", "pt", "gibbs_marginals", "pt_marginals", "gibbs_draw", "pt_draw", "geometric_betas",
            "log_partition", "MCMCResult"]
@@ -296,3 +297,25 @@ def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
     raise ValueError("the sampling methods ('gibbs', 'pt', 'dqa', 'sqa', dimod samplers) estimate marginals only; "
                      "sampling does not give log Z. Use method 'exact' (n <= 24) or 'banded' (banded J), "
                      "or 'meanfield' for an approximation.")
+
+
+SAMPLED_LIMIT = "any n; stochastic (option num_samples), marginals only (no log Z)"
+
+
+def _check_gibbs(options: dict) -> None:
+    _no_extras(options, "gibbs_marginals")
+    o = check_sampling_options(gibbs_marginals, options)
+    _check_schedule(o["warmup"], o["sweeps_per_sample"], o["num_chains"])
+
+
+def _check_pt(options: dict) -> None:
+    _no_extras(options, "pt_marginals")
+    o = check_sampling_options(pt_marginals, options)
+    _check_schedule(o["warmup"], o["sweeps_per_sample"], o["num_chains"])
+    _ladder(o["betas"], o["num_replicas"], o["beta_min"])
+
+
+METHODS = (
+    Method("gibbs", gibbs, None, keyword_options(gibbs_marginals), "sampled", SAMPLED_LIMIT, _check_gibbs),
+    Method("pt", pt, None, keyword_options(pt_marginals), "sampled", SAMPLED_LIMIT, _check_pt),
+)

@@ -70,6 +70,7 @@ from torch import Tensor
 
 from ._autograd import first_order_backward
 from ._inputs import check_inputs, check_int, check_real, group_queries
+from .record import Method, keyword_options, with_defaults
 
 __all__ = ["marginals", "log_partition", "solve", "SolveInfo", "ConvergenceWarning", "ConvergenceError"]
 
@@ -387,3 +388,25 @@ def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
             u = u * fmask
         value = value + 0.25 * (torch.bmm(u, c.J2) * u).sum(-1)
     return g.ungroup(value)
+
+
+def _check_options(options: dict) -> None:
+    o = with_defaults(marginals, options)
+    _settings(o["tap"], o["damping"], o["tol"], o["max_iter"], o["on_fail"], None, solver=o["solver"],
+              anderson_memory=o["anderson_memory"])
+
+
+def _with_tap(fn):
+    def with_tap(h, J, K, mask, **options):
+        return fn(h, J, K, mask, tap=True, **options)
+    return with_tap
+
+
+METHODS = (
+    Method("meanfield", marginals, log_partition, keyword_options(marginals), "approximate",
+           "any n; may not converge (options max_iter, damping, solver, on_fail)", _check_options, three_body=True,
+           toeplitz=True),
+    Method("tap", _with_tap(marginals), _with_tap(log_partition), keyword_options(marginals, frozenset({"tap"})),
+           "approximate", "any n, pairwise only; may not converge (options max_iter, damping, solver, on_fail)",
+           lambda options: _check_options({**options, "tap": True}), toeplitz=True),
+)

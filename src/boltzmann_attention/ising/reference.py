@@ -28,29 +28,11 @@ import math
 import torch
 from torch import Tensor
 
+from .enumeration import configurations, negative_energies
+from .record import Method, no_options
+
 MAX_SPINS = 20
 RESOLUTION_TOLERANCE = 1e-6  # largest error in a marginal or correlation accepted from the rounding of the energies
-
-
-def configurations(n: int, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
-    """All 2^n spin configurations, shape (2^n, n); bit j of the row index is spin j (1 means s_j = +1)."""
-    index = torch.arange(2**n, device=device)
-    bits = (index[:, None] >> torch.arange(n, device=device)) & 1
-    return (2 * bits - 1).to(dtype)
-
-
-def negative_energies(h: Tensor, J: Tensor | None, K: Tensor | None, spins: Tensor) -> Tensor:
-    """-E(s) for every configuration: (..., 2^n) from h (..., n), J (..., n, n), K (..., n, n, n).
-
-    -E(s) = sum_j h_j s_j + sum_{j<k} J_jk s_j s_k + sum_{j<k<l} K_jkl s_j s_k s_l, written with the
-    full symmetric tensors as h.s + s.J.s / 2 + K(s, s, s) / 6.
-    """
-    out = h @ spins.T
-    if J is not None:
-        out = out + 0.5 * torch.einsum("...jk,cj,ck->...c", J, spins, spins)
-    if K is not None:
-        out = out + torch.einsum("...jkl,cj,ck,cl->...c", K, spins, spins, spins) / 6.0
-    return out
 
 
 def _free_absent(negative_energy: Tensor, mask: Tensor | None) -> Tensor:
@@ -175,3 +157,9 @@ def correlations(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, ma
     if mask is not None:
         out = out * mask[..., :, None] * mask[..., None, :]
     return out.to(dtype)
+
+
+METHOD = Method("reference", lambda h, J, K, mask: marginals(h, J, K, mask),
+                lambda h, J, K, mask: log_partition(h, J, K, mask), frozenset(), "exact",
+                f"n <= {MAX_SPINS} spins (brute force in float64, the test oracle)", no_options,
+                max_spins=MAX_SPINS, three_body=True)

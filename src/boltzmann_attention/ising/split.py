@@ -49,7 +49,7 @@ from torch import Tensor
 
 from . import numerics
 from ._autograd import first_order_backward
-from .reference import configurations
+from .enumeration import configurations
 
 ENUMERATED_SPINS = 8  # pairwise systems up to this size (and within one block and chunk) skip the split
 

@@ -55,7 +55,8 @@ import torch
 from torch import Tensor
 
 from ._inputs import check_inputs, check_int
-from ._sampling import check_options, resolve_generator, sampled_marginals
+from ._sampling import check_options, check_sampling_options, resolve_generator, sampled_marginals
+from .record import Method, keyword_options
 
 __all__ = ["sqa_draw", "sqa_marginals"]
 
@@ -134,3 +135,13 @@ def sqa_marginals(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, m
                    gamma_end=gamma_end, beta=beta)
     return sampled_marginals(h, J, mask, draw, num_samples=num_samples, gradient=gradient, nudge=nudge,
                              generator=resolve_generator(h.device, seed, generator))
+
+
+def _check_options(options: dict) -> None:
+    o = check_sampling_options(sqa_marginals, options)
+    _check_schedule(o["sweeps"], o["trotter_slices"], o["gamma_start"], o["gamma_end"], o["beta"])
+
+
+METHOD = Method("sqa", sqa_marginals, None, keyword_options(sqa_marginals), "sampled",
+                "any n; the anneal's final state, Boltzmann only while it mixes (options sweeps, trotter_slices)",
+                _check_options)

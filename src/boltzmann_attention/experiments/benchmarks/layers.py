@@ -26,14 +26,14 @@ import resource
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from ... import BoltzmannAttention, boltzmann_attention, ising
 from ...ising import toeplitz
-from ...ising.reference import configurations, negative_energies
+from ...ising.enumeration import configurations, negative_energies
 from .common import interleaved, medians, ratio_words, stamp_line, timed
 
 HEAD_DIM = 64
@@ -285,20 +285,30 @@ def window_layers(T: int, W: int, d_model: int = 64) -> dict[str, BoltzmannAtten
     }
 
 
-def banded_layers(T: int, baseline: str | None, d_model: int = 64,
-                  heads: int = 1) -> dict[str, tuple[BoltzmannAttention, tuple]]:
-    """Mode h and the banded exact layer (range ``RANGE``); with a baseline commit, the same layer run through
-    ising/banded.py of that commit. Values: (layer, the (marginals, log_partition) pair its row uses)."""
+def banded_layers(T: int, baseline: str | None, d_model: int = 64, heads: int = 1) -> dict[str, BoltzmannAttention]:
+    """Mode h and the banded exact layer (range ``RANGE``); with a baseline commit, the same layer (the same
+    weights) with ising/banded.py of that commit as its method: :func:`old_banded`."""
     torch.manual_seed(0)
-    current = ising.METHODS["banded"]
     banded = BoltzmannAttention(d_model, heads, max_len=T, coupling="relative", coupling_range=RANGE,
                                 method="banded", coupling_init_std=0.1)
-    rows = {"h (sigmoid, materialised)": (BoltzmannAttention(d_model, heads, max_len=T, mode="h"), current),
-            f"h+J relative range {RANGE}, banded (exact)": (banded, current)}
+    rows = {"h (sigmoid, materialised)": BoltzmannAttention(d_model, heads, max_len=T, mode="h"),
+            f"h+J relative range {RANGE}, banded (exact)": banded}
     if baseline is not None:
-        old = module_at(baseline, "src/boltzmann_attention/ising/banded.py", "boltzmann_attention.ising._banded_old")
-        rows[f"h+J relative range {RANGE}, banded (exact) at {baseline}"] = (banded, (old.marginals, old.log_partition))
+        old = BoltzmannAttention(d_model, heads, max_len=T, coupling="relative", coupling_range=RANGE,
+                                 method=old_banded(baseline), coupling_init_std=0.1)
+        old.load_state_dict(banded.state_dict())
+        rows[f"h+J relative range {RANGE}, banded (exact) at {baseline}"] = old
     return rows
+
+
+def old_banded(commit: str) -> ising.Method:
+    """Method 'banded' as ising/banded.py was at ``commit``: a record of its functions, passed to the layer as
+    its method (the registry is read-only, so nothing is swapped behind today's name)."""
+    old = module_at(commit, "src/boltzmann_attention/ising/banded.py", "boltzmann_attention.ising._banded_old")
+    today = ising.methods.REGISTRY["banded"]
+    return replace(today, name=f"banded at {commit}", marginals=old.marginals, log_partition=old.log_partition,
+                   options=ising.methods.keyword_options(old.marginals), check_options=lambda options: None,
+                   compiled=None)
 
 
 def module_at(commit: str, path: str, name: str):
@@ -324,22 +334,14 @@ def window_times(T: int, B: int, W: int, threads: int, repeats: int, baseline: s
     """Median fwd+bwd seconds per layer of :func:`window_layers` (or, with ``banded_only``, of
     :func:`banded_layers`), one warm-up step each, then ``repeats`` interleaved rounds of one step."""
     torch.set_num_threads(threads)
-    if banded_only:
-        mods = banded_layers(T, baseline, d_model, heads)
-    else:
-        mods = {name: (m, ising.METHODS["banded"]) for name, m in window_layers(T, W, d_model).items()}
+    mods = banded_layers(T, baseline, d_model, heads) if banded_only else window_layers(T, W, d_model)
     x = torch.randn(B, T, d_model)
-    current = ising.METHODS["banded"]
 
-    def step(m, method):
-        ising.METHODS["banded"] = method
-        try:
-            m.zero_grad(set_to_none=True)
-            m(x)[0].sum().backward()
-        finally:
-            ising.METHODS["banded"] = current
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        m(x)[0].sum().backward()
 
-    return medians(interleaved({name: (lambda m=m: step(*m)) for name, m in mods.items()}, rounds=repeats))
+    return medians(interleaved({name: (lambda m=m: step(m)) for name, m in mods.items()}, rounds=repeats))
 
 
 def window_table(rows: dict[int, dict[str, float]]) -> str:
