@@ -4,7 +4,7 @@ Everything random takes an explicit ``torch.Generator`` (CPU) and draws from not
 reproducible and resumable (save ``generator.get_state()``). Tensors are returned on the CPU.
 
 Tiny Shakespeare: :func:`load_shakespeare`, :class:`CharVocabulary`, :class:`ShakespeareData`.
-Bracket matching: :func:`generate_brackets`, :class:`BracketData`, :func:`check_brackets`.
+Bracket matching: :func:`generate_brackets`, :class:`BracketData`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ __all__ = [
     "SIZES",
     "word_pairs",
     "generate_brackets",
-    "check_brackets",
     "depths",
     "BracketData",
 ]
@@ -319,47 +318,6 @@ def generate_brackets(num_sequences: int, T: int, generator: torch.Generator, nu
         top -= is_close.long()
         labels[is_close, t] = stack[rows[is_close], top[is_close]]
     return tokens, labels
-
-
-def _bracket_error(tokens, labels) -> str | None:
-    if not isinstance(tokens, Tensor) or not isinstance(labels, Tensor):
-        return "tokens and labels must be tensors"
-    if tokens.dim() != 2 or tokens.shape != labels.shape:
-        return f"tokens and labels must both be (N, T), got {tuple(tokens.shape)} and {tuple(labels.shape)}"
-    if tokens.is_floating_point() or labels.is_floating_point():
-        return "tokens and labels must be integer tensors"
-    for r, (tok_row, lab_row) in enumerate(zip(tokens.tolist(), labels.tolist())):
-        stack = []
-        for i, (tok, lab) in enumerate(zip(tok_row, lab_row)):
-            if tok == OPEN:
-                stack.append(i)
-                expected = IGNORE
-            elif tok == CLOSE:
-                if not stack:
-                    return f"row {r}: closing bracket at {i} has no opening bracket"
-                expected = stack.pop()
-            elif tok > CLOSE:
-                expected = IGNORE
-            else:
-                return f"row {r}: invalid token {tok} at {i}"
-            if lab != expected:
-                return f"row {r}: label {lab} at {i}, expected {expected}"
-        if stack:
-            return f"row {r}: unclosed opening brackets at {stack}"
-    return None
-
-
-def check_brackets(tokens: Tensor, labels: Tensor, raise_error: bool = False) -> bool:
-    """True iff every row is well nested and labelled right, checked with a plain stack.
-
-    tokens, labels (N, T) integer. Right means: each closing bracket's label is the slot of the opening
-    bracket it pops, every other label is ``IGNORE``, no pop on an empty stack, the stack empty at the
-    end, tokens >= 0. With ``raise_error`` a failure raises ``ValueError`` naming the first fault.
-    """
-    error = _bracket_error(tokens, labels)
-    if error is not None and raise_error:
-        raise ValueError(error)
-    return error is None
 
 
 def _split_generator(seed: int, split: int) -> torch.Generator:

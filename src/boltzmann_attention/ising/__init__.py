@@ -46,7 +46,7 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
-from . import annealing, banded, exact, mcmc, meanfield, reference, sqa, toeplitz, window
+from . import annealing, banded, exact, mcmc, meanfield, opaque, reference, sqa, toeplitz, window  # noqa: F401
 from ._inputs import check_inputs, empty_result, is_empty
 from .dimod_adapter import DimodSampler
 from .methods import REGISTRY, Method, resolve_method
