@@ -14,7 +14,9 @@ Read first: :mod:`boltzmann_attention.naive`, the definition by brute force that
 against. Layers: :func:`boltzmann_attention` (functional, SDPA conventions) and :class:`BoltzmannAttention`
 (``nn.Module``), in :mod:`~boltzmann_attention.attention`; their coupling parametrisations in
 :mod:`~boltzmann_attention.couplings`, the rules on their arguments in :mod:`~boltzmann_attention.validation`.
-Ising marginals: :mod:`boltzmann_attention.ising` (one record per method in ``ising/methods.py``).
+Ising marginals: :mod:`boltzmann_attention.ising` (one record per method, declared in its module).
+NaN and inf are refused in every forward; :func:`value_checks` chooses how (a host check or an asynchronous
+assert).
 """
 
 from . import ising
@@ -29,6 +31,7 @@ from .attention import (
     parameter_groups,
 )
 from .naive import naive_boltzmann_attention
+from .validation import value_checks
 
 __all__ = [
     "MODES",
@@ -38,6 +41,7 @@ __all__ = [
     "ThreeBodyCouplings",
     "WindowCouplings",
     "boltzmann_attention",
+    "value_checks",
     "ising",
     "naive_boltzmann_attention",
     "parameter_groups",

@@ -6,7 +6,8 @@
   what the functional form refuses, in the same words. Method option values are checked by the method's
   record (:mod:`boltzmann_attention.ising.methods`).
 - :func:`check_call`: the tensors and per-call arguments of the functional form (types and shapes).
-- :func:`check_values`: NaN and inf in query, key and the field they make (values, not shapes).
+- :func:`check_values`: NaN and inf in query, key and the field they make (values, not shapes), on the host or
+  as an asynchronous assert (:func:`value_checks`).
 - :func:`check_layer_sizes`, :func:`check_sizes`: the module's sizes and initialisation.
 
 The Ising-level checks (h, J, K and mask of :mod:`boltzmann_attention.ising`) are in
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -31,7 +33,7 @@ from .modes import LAYER_MODES, MODES, RECENCY_MODES, WINDOW_MODES
 
 __all__ = ["MODES", "RECENCY_MODES", "LAYER_MODES", "POSITIONS", "COUPLINGS", "WINDOW_MODES", "mode_terms",
            "check_options", "check_layer_options", "check_call", "check_values", "check_layer_sizes", "check_sizes",
-           "check_finite", "check_int", "check_real"]
+           "check_finite", "check_int", "check_real", "VALUE_CHECKS", "value_checks"]
 
 POSITIONS = ("rope", "alibi")  # the module's relative position schemes (boltzmann_attention.positions)
 SLOT_BIAS_PARAMETRIZATIONS = ("direct", "pairs")  # positions.SlotBias: a scalar per slot, or plus a pair table's field
@@ -185,15 +187,39 @@ def _skip_value_checks(x: Tensor) -> bool:
     return x.device.type == "meta" or torch.compiler.is_compiling()
 
 
+VALUE_CHECKS = ("auto", "host", "async", "off")
+_value_checks = "auto"
+
+
+@contextmanager
+def value_checks(policy: str):
+    """How the forward refuses NaN and inf (:func:`check_values`) inside this context.
+
+    'auto' (the default): eager on CPU, a host check that raises a ValueError naming the tensor (reading a CPU
+    tensor costs no device sync); on any other device, and always while torch.compile traces, an asynchronous
+    assert (``torch._assert_async``: the forward never waits on the device; a NaN fails the step when the
+    device reaches it, with a RuntimeError naming the check). 'host': the named ValueError on every device (one
+    host sync per call). 'async': the asynchronous assert on every device. 'off': no check."""
+    global _value_checks
+    if not isinstance(policy, str) or policy not in VALUE_CHECKS:
+        raise ValueError(f"unknown value-check policy {policy!r}; choose one of {VALUE_CHECKS}")
+    before, _value_checks = _value_checks, policy
+    try:
+        yield
+    finally:
+        _value_checks = before
+
+
 def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
                  couplings: tuple[tuple[str, Tensor], ...] = ()) -> None:
     """NaN or inf, refused in every mode: in query and key for mode 'softmax', else in the field h they make
     with the bias (also for mode 'h', the closed form), and in the named ``couplings`` (the module's own, whose
     symmetry and zero diagonal hold by construction). value is used as given (a NaN propagates, as in SDPA).
-    One reduction per tensor and one host sync in all (a finite sum proves every entry finite; only a sum that
-    is not finite takes the entry-wise checks, which name the tensor). Skipped on meta tensors and while
-    torch.compile traces."""
-    if _skip_value_checks(query):
+    One reduction per tensor (a finite sum proves every entry finite), then the check that
+    :func:`value_checks` chooses: by default a host read on CPU (only a sum that is not finite takes the
+    entry-wise checks, which name the tensor) and an asynchronous assert elsewhere. Skipped on meta tensors."""
+    policy = _value_checks
+    if query.device.type == "meta" or policy == "off":
         return
     named = [("query", query), ("key", key)] if mode == "softmax" else \
         [("the field h = scale * query.key + bias", field)]
@@ -201,6 +227,12 @@ def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
     total = named[0][1].detach().sum()
     for _, x in named[1:]:
         total = total + x.detach().sum().to(total.dtype)
+    host = policy == "host" or (policy == "auto" and query.device.type == "cpu")
+    if torch.compiler.is_compiling() or not host:
+        torch._assert_async(torch.isfinite(total), f"NaN or inf in {' or '.join(n for n, _ in named)} (mode "
+                            f"{mode!r}); run under boltzmann_attention.validation.value_checks('host') for the "
+                            "tensor by name")
+        return
     if bool(torch.isfinite(total)):
         return
     for name, x in named:
