@@ -170,7 +170,7 @@ def _attend(query, key, value, couplings, three_body, mode, method, causal_offse
         causal = torch.ones(L, S, dtype=torch.bool, device=query.device).tril(causal_offset)
         mask = causal if mask is None else mask & causal
 
-    if mode == "softmax":  # bias and a float mask: added to the scores (SDPA's additive mask)
+    if modes.RECORDS[mode].softmax:  # bias and a float mask: added to the scores (SDPA's additive mask)
         check_values(mode, query, key, None)
         if additive is not None:
             bias = additive + bias
@@ -228,8 +228,9 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
             field, value, couplings, coupling_window, keys_mask,
             scores=(query, key, scale, bias) if uses_field else None, return_weights=return_weights,
             offset=causal_offset, check_couplings=False, **method_options)
-    if mode == "h":
-        weights = torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
+    closed_form = modes.RECORDS[mode].weights
+    if closed_form is not None:  # mode h: sigmoid(2h)
+        weights = closed_form(field)
     else:
         spins_mask = None if mask is None else mask.expand(torch.broadcast_shapes(mask.shape, field.shape))
         if isinstance(couplings, ising.toeplitz.Toeplitz):  # one profile per head, (H, 1, w) against (B, H, L)

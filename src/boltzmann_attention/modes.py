@@ -1,14 +1,19 @@
 """The attention modes, one record each: what a mode uses, and so which options apply to it.
 
-Everything that lists, parses or validates modes reads :data:`RECORDS`: the tuples of names (``MODES``: the
-functional form's; ``LAYER_MODES``: the module's, with the learned-recency baselines) and the rule that an
-option a mode does not use keeps its default (:func:`unused_options`), so that it is refused rather than
-silently ignored.
+Everything that lists, parses or validates modes reads :data:`RECORDS`: the names (``MODES``: the functional
+form's; ``LAYER_MODES``: the module's, with the learned-recency baselines), which are views of the table read
+at each use, and the rule that an option a mode does not use keeps its default (:func:`unused_options`), so
+that it is refused rather than silently ignored. Adding a mode is adding its record to :data:`RECORDS`: a
+closed form of the field gives its ``weights`` function, and the layer, the training config, the CLI and
+``convert`` take it from there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -18,7 +23,9 @@ class Mode:
     field: the query-key score enters the weights (as the Ising field h, or as softmax's score); couplings:
     pairwise couplings J between keys; three_body: three-body couplings K; field_bias: a learnable field bias
     per head; recency: a learned-recency softmax baseline (:mod:`boltzmann_attention.recency`), offered by the
-    module only.
+    module only; softmax: the weights are SDPA's softmax of the scores; weights: for a closed form, the weights
+    as a function of the field h (..., L, S), before the mask (mode 'h': sigmoid(2h), the marginal of a free
+    spin). A mode with couplings has no closed form: a method computes its marginals.
     """
 
     name: str
@@ -28,6 +35,13 @@ class Mode:
     three_body: bool = False
     field_bias: bool = False
     recency: bool = False
+    softmax: bool = False
+    weights: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def __post_init__(self):
+        if self.weights is not None and (self.marginals or self.recency or self.softmax):
+            raise ValueError(f"mode {self.name!r}: a closed form of the field is for a mode without couplings, "
+                             "recency or softmax")
 
     @property
     def marginals(self) -> bool:
@@ -40,9 +54,13 @@ class Mode:
         return self.couplings and not self.three_body
 
 
+def _free_spin(field: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
+
+
 RECORDS: dict[str, Mode] = {m.name: m for m in (
-    Mode("softmax", "F.scaled_dot_product_attention itself"),
-    Mode("h", "sigmoid attention, sigmoid(2h), closed form", field_bias=True),
+    Mode("softmax", "F.scaled_dot_product_attention itself", softmax=True),
+    Mode("h", "sigmoid attention, sigmoid(2h), closed form", field_bias=True, weights=_free_spin),
     Mode("J", "couplings only: the weights do not depend on the input", field=False, couplings=True,
          field_bias=True),
     Mode("h+J", "Boltzmann attention", couplings=True, field_bias=True),
@@ -52,10 +70,37 @@ RECORDS: dict[str, Mode] = {m.name: m for m in (
     Mode("stickbreaking", "stick-breaking attention (module only)", recency=True),
 )}
 
-LAYER_MODES = tuple(RECORDS)
-MODES = tuple(n for n, m in RECORDS.items() if not m.recency)
-RECENCY_MODES = tuple(n for n, m in RECORDS.items() if m.recency)
-WINDOW_MODES = tuple(n for n, m in RECORDS.items() if m.window)
+class Names(Sequence):
+    """The names of the modes whose record passes ``keep``, in table order, read from :data:`RECORDS` at each
+    use (so a mode added to the table is in every list). Compares equal to the tuple of its names."""
+
+    def __init__(self, keep: Callable[[Mode], bool]):
+        self._keep = keep
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(n for n, m in RECORDS.items() if self._keep(m))
+
+    def __getitem__(self, index):
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __hash__(self):
+        return hash(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+LAYER_MODES = Names(lambda m: True)
+MODES = Names(lambda m: not m.recency)
+RECENCY_MODES = Names(lambda m: m.recency)
+WINDOW_MODES = Names(lambda m: m.window)
+
 
 # the module's options that only some modes use: name -> (its default, which modes use it)
 USED_BY = {
@@ -71,10 +116,10 @@ USED_BY = {
 }
 
 
-def get(name, choices: tuple[str, ...] = LAYER_MODES) -> Mode:
+def get(name, choices: Sequence[str] = LAYER_MODES) -> Mode:
     """The record of mode ``name``; ValueError naming the choices for an unknown one."""
     if not isinstance(name, str) or name not in choices:
-        raise ValueError(f"unknown mode {name!r}; choose one of {choices}")
+        raise ValueError(f"unknown mode {name!r}; choose one of {tuple(choices)}")
     return RECORDS[name]
 
 
@@ -92,5 +137,5 @@ def unused_options(mode: str, **options) -> list[str]:
     return out
 
 
-__all__ = ["LAYER_MODES", "MODES", "RECENCY_MODES", "RECORDS", "USED_BY", "WINDOW_MODES", "Mode", "get",
+__all__ = ["LAYER_MODES", "MODES", "RECENCY_MODES", "RECORDS", "USED_BY", "WINDOW_MODES", "Mode", "Names", "get",
            "unused_options"]

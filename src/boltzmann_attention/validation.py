@@ -221,7 +221,7 @@ def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
     policy = _value_checks
     if query.device.type == "meta" or policy == "off":
         return
-    named = [("query", query), ("key", key)] if mode == "softmax" else \
+    named = [("query", query), ("key", key)] if modes.RECORDS[mode].softmax else \
         [("the field h = scale * query.key + bias", field)]
     named += list(couplings)
     total = named[0][1].detach().sum()

@@ -74,7 +74,7 @@ DEFAULTS = {"mode": "h+J", "coupling": "full", "coupling_window": None, "couplin
             "field_bias_init": None, "learn_field_bias": True}
 OPTIONS = tuple(DEFAULTS)
 # the modes it offers: those with a field bias and no three-body couplings (K has max_len^3 entries per head)
-MODES = tuple(n for n, m in modes.RECORDS.items() if m.field_bias and not m.three_body)
+MODES = modes.Names(lambda m: m.field_bias and not m.three_body)
 # keyword arguments some transformers models pass to the attention function, with no meaning here
 _UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias", "head_mask")
 
@@ -294,10 +294,11 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
         raise ValueError(f"unknown option(s) {unknown} for convert(); it takes {list(OPTIONS)}")
     opts = {**DEFAULTS, **options}
     mode, method, coupling = opts["mode"], opts["method"], opts["coupling"]
-    if mode == "softmax":
-        raise ValueError("mode 'softmax' is transformers' own attention: keep attn_implementation 'sdpa' or "
+    record = modes.RECORDS.get(mode) if isinstance(mode, str) else None
+    if record is not None and record.softmax:
+        raise ValueError(f"mode {mode!r} is transformers' own attention: keep attn_implementation 'sdpa' or "
                          f"'eager' instead of converting; convert() takes modes {MODES}")
-    if mode in ("h+K", "h+J+K"):
+    if record is not None and record.three_body:
         raise ValueError(f"three-body couplings (mode {mode!r}) are not offered by the transformers adapter "
                          "(K has max_len^3 entries per head); use boltzmann_attention.BoltzmannAttention, or "
                          f"one of {MODES}")
