@@ -85,7 +85,7 @@ def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor
         return _patterns_one_by_one(h, J, K, patterns, which.reshape(-1))
     if K is None:  # the whole plan in one autograd node
         m, logz, ok = split.Pairwise.apply(h, J, planner.plan(patterns, order, h.dtype, split.ENUMERATED_SPINS))
-        return split.checked(m, logz, ok, h, J, K, mask)
+        return split.rescued(m, logz, ok, h, J, K, mask)
     return _buckets_with_three_body(h, J, K, planner.plan(patterns, order, h.dtype))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -95,16 +96,23 @@ def _pattern_ids(P: int, q: int, device: torch.device) -> Tensor:
     return torch.arange(P, device=device).repeat_interleave(q)
 
 
-class Plan:
-    """Buckets of mask patterns by size; ``order`` (G, Q) sorts each group's queries by pattern (q = Q / P
-    per pattern).
+class Bucket(NamedTuple):
+    """One call of a plan: ``count`` patterns padded to ``size`` spins, each pattern's present spins first
+    (ascending), then the padding index n."""
 
-    Each bucket: (nb, L, free (nb,) log 2 per padded spin, flat (nb L L,) indices of the sub-J's entries in
-    the padded (n + 1)^2 J, hidx (G, nb q L) indices of the sub-h's entries in the padded (G, Q (n + 1)) h,
-    qidx (G, nb q) its queries, idx (nb, L) each pattern's spins). In a bucket padded to L spins, each
-    pattern's present spins come first (ascending), then the padding index n: h, the marginals and their
-    gradients move by one gather or scatter each. Patterns without a present spin are in no bucket
-    (marginals 0, log Z 0).
+    count: int      # nb, patterns in the bucket
+    size: int       # L, spins per padded system
+    free: Tensor    # (nb,) log 2 per padded spin, taken out of log Z
+    flat: Tensor    # (nb L L,) indices of the sub-J's entries in the padded (n + 1)^2 J
+    hidx: Tensor    # (G, nb q L) indices of the sub-h's entries in the padded (G, Q (n + 1)) h
+    queries: Tensor  # (G, nb q) its queries
+    spins: Tensor   # (nb, L) each pattern's spins
+
+
+class Plan:
+    """:class:`Bucket` s of mask patterns by size; ``order`` (G, Q) sorts each group's queries by pattern (q =
+    Q / P per pattern). h, the marginals and their gradients move by one gather or scatter per bucket.
+    Patterns without a present spin are in no bucket (marginals 0, log Z 0).
     """
 
     def __init__(self, patterns: Tensor, order: Tensor, dtype: torch.dtype, key: tuple, enumerated: int):
@@ -116,12 +124,12 @@ class Plan:
         rows = order.view(G, P, self.q)
         if perm is not None:  # by size (a causal mask's patterns already are)
             rows = rows[:, perm]
-        self.buckets = []
+        self.buckets: list[Bucket] = []
         for start, end, idx, free, flat in parts:
             nb, L = idx.shape
             sel = rows[:, start:end]  # (G, nb, q)
             hidx = (sel[..., None] * (n + 1) + idx[None, :, None, :]).reshape(G, nb * self.q * L)
-            self.buckets.append((nb, L, free, flat, hidx, sel.reshape(G, nb * self.q), idx))
+            self.buckets.append(Bucket(nb, L, free, flat, hidx, sel.reshape(G, nb * self.q), idx))
 
 
 _PLANS: dict = {}  # recent plans by patterns, shapes and dtype; reused while the queries' order is the same

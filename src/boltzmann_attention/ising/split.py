@@ -35,7 +35,7 @@ query instead of 2^n, cheaper than the split's per-operation overhead at these s
 
 Numerics (:mod:`boltzmann_attention.ising.numerics`): u, v and T are each shifted by their maximum in the
 log domain; rows whose Z underflows, and lower-precision rows whose energy scale exceeds
-``numerics.FLOAT32_SCALE_LIMIT``, are recomputed in float64 (``checked``, ``float64_fallback``).
+``numerics.FLOAT32_SCALE_LIMIT``, are recomputed in float64 (``rescued``, ``float64_fallback``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def solve(h: Tensor, J: Tensor | None, K: Tensor | None):
         log_u = h[..., :a] @ SA.T  # (G, Q, 2^a)
         log_v = h[..., a:] @ SB.T  # (G, Q, 2^b)
         m, logz, ok = contract(log_u, log_v, left, right, SA, SB)
-    return checked(m, logz, ok, h, J, K)
+    return rescued(m, logz, ok, h, J, K)
 
 
 def contract(log_u: Tensor, log_v: Tensor, left: Tensor, right: Tensor, SA: Tensor, SB: Tensor):
@@ -89,7 +89,7 @@ def contract(log_u: Tensor, log_v: Tensor, left: Tensor, right: Tensor, SA: Tens
     return tuple(torch.cat(x, dim=1) for x in zip(*pieces)) if len(pieces) > 1 else pieces[0]
 
 
-def checked(m, logz, ok, h, J, K, mask=None):
+def rescued(m, logz, ok, h, J, K, mask=None):
     """Rows that underflowed (ok False), float32 rows whose energy scale exceeds
     numerics.FLOAT32_SCALE_LIMIT, and rows whose float64 energies may be rounded by more than
     RESOLUTION_TOLERANCE allows (``resolved_scale``), recomputed by the float64 fallback, which checks

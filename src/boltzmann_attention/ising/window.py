@@ -22,7 +22,7 @@ couplings of an absent slot never enter its energies: clamping it and cancelling
 the fields would lose the fields to cancellation once |J| is large next to them (|J| ~ 1e5 in float32, 1e12
 in float64).
 
-Numerics (:mod:`boltzmann_attention.ising.numerics`), as in method ``exact`` (``split.checked``): u, v and T
+Numerics (:mod:`boltzmann_attention.ising.numerics`), as in method ``exact`` (``split.rescued``): u, v and T
 are max-shifted in the log domain; a query whose Z still underflows (|h| or |J| in the tens to hundreds,
 fields fighting couplings), or whose energy scale is beyond what its dtype resolves, is recomputed in
 float64 over its 2^W states, and energies that float64 cannot resolve either raise a ValueError.
@@ -80,7 +80,7 @@ def _split(h: Tensor, J: Tensor) -> Tensor:
     One table T = exp(C - row max C) per group for every query (the row maxima go into log u), and plain
     tensor operations, so that autograd
     differentiates it (twice as well): with the table shared by thousands of queries this is the fastest form
-    on a CPU. Rows that underflow or that the dtype cannot resolve go to ``split.checked``'s float64 rescue.
+    on a CPU. Rows that underflow or that the dtype cannot resolve go to ``split.rescued``'s float64 rescue.
     """
     W = h.shape[-1]
     if W == 1:  # one spin, no coupling
@@ -97,7 +97,7 @@ def _split(h: Tensor, J: Tensor) -> Tensor:
     pieces = [_contract(h_[..., :a] @ SA.T + row_max[:, None, :], h_[..., a:] @ SB.T, table, SA1, SB1)
               for h_ in h.split(chunk, dim=1)]
     m, logz, ok = (torch.cat(x, dim=1) for x in zip(*pieces)) if len(pieces) > 1 else pieces[0]
-    return split.checked(m, logz, ok, h, J, None)[0]  # underflow and dtype resolution: float64 rows
+    return split.rescued(m, logz, ok, h, J, None)[0]  # underflow and dtype resolution: float64 rows
 
 
 def _with_ones(S: Tensor) -> Tensor:
