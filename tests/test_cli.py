@@ -183,9 +183,10 @@ def test_bad_bracket_option_is_refused_before_training(capsys):
     ["reproduce", "--profile", "quick", "--out", "{tmp}/results", "--report", "{file}/report"],
 ])
 def test_an_unusable_output_path_is_one_line_before_any_run(tmp_path, command, capsys, monkeypatch):
-    from boltzmann_attention.experiments import sweep, train
+    from boltzmann_attention.experiments import sweep
+    from boltzmann_attention.experiments.train import loop
 
-    monkeypatch.setattr(train, "_train", lambda *a: pytest.fail("training started"))
+    monkeypatch.setattr(loop, "_train", lambda *a: pytest.fail("training started"))
     monkeypatch.setattr(sweep, "sweep", lambda *a, **k: pytest.fail("the sweep started"))
     (tmp_path / "file").write_text("a regular file")
     monkeypatch.chdir(tmp_path)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from boltzmann_attention import BoltzmannAttention
-from boltzmann_attention.experiments.coattention import decompose, without_couplings
+from boltzmann_attention.experiments.coattention import ANALYSIS, decompose, without_couplings
 from boltzmann_attention.experiments.sweep import Grid, run_name, sweep
 from boltzmann_attention.experiments.train import load_final
 
@@ -58,7 +58,7 @@ def test_an_unknown_version_is_refused():
 def test_a_trained_coupled_window_records_its_decomposition_and_it_recomputes_from_the_kept_model(tmp_path, capsys):
     tiny = dict(steps=4, batch_size=4, eval_interval=4, eval_windows=8, d_model=16, d_ff=32, n_layers=2,
                 n_heads=2, warmup_steps=1, coupling="window", coupling_window=W, coupling_init_std=0.5, slot_bias=W)
-    grid = Grid(("shakespeare",), (12,), modes=("h+J",), seeds=(0,), overrides=tiny)
+    grid = Grid(("shakespeare",), (12,), modes=("h+J",), seeds=(0,), overrides=tiny, analyses=(ANALYSIS,))
     (name,) = [run_name(cfg) for _, cfg in grid.runs()]
     assert sweep([grid], tmp_path) == [name]
     recorded = json.loads((tmp_path / "runs" / f"{name}.json").read_text())
@@ -78,14 +78,18 @@ def test_a_trained_coupled_window_records_its_decomposition_and_it_recomputes_fr
     path.write_text(json.dumps({k: v for k, v in recorded.items() if k != "coattention"}))
     capsys.readouterr()
     assert sweep([grid], tmp_path) == []
-    assert "recorded the co-attention measurement of 1 finished run" in capsys.readouterr().out
+    assert "recorded the grids' analyses of 1 finished run" in capsys.readouterr().out
     assert json.loads(path.read_text())["coattention"] == split
+    # the loop knows no study: a grid that does not name the analysis does not get it
+    plain = Grid(("shakespeare",), (12,), modes=("h+J",), seeds=(0,), overrides=tiny)
+    assert sweep([plain], tmp_path / "plain") == [name]
+    assert "coattention" not in json.loads((tmp_path / "plain" / "runs" / f"{name}.json").read_text())
 
 
 def test_a_model_without_coupled_window_has_no_decomposition(tmp_path):
     tiny = dict(steps=2, batch_size=4, eval_interval=2, eval_windows=8, d_model=16, d_ff=32, n_layers=1,
                 n_heads=2, warmup_steps=1)
-    grid = Grid(("shakespeare",), (8,), modes=("h",), seeds=(0,), overrides=tiny)
+    grid = Grid(("shakespeare",), (8,), modes=("h",), seeds=(0,), overrides=tiny, analyses=(ANALYSIS,))
     sweep([grid], tmp_path)
     (name,) = [run_name(cfg) for _, cfg in grid.runs()]
     assert "coattention" not in json.loads((tmp_path / "runs" / f"{name}.json").read_text())

@@ -93,7 +93,7 @@ def test_parallel_children_get_their_thread_count_before_torch_starts(monkeypatc
             return False
 
         def imap_unordered(self, fn, tasks):
-            seen["threads"] = {t[4] for t in tasks}
+            seen["threads"] = {t[5] for t in tasks}
             return [(t[0], None) for t in tasks]
 
     class FakeContext:

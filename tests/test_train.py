@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from boltzmann_attention.experiments import train as train_module
 from boltzmann_attention.experiments.model import Model, ModelConfig
 from boltzmann_attention.experiments.studies import profile
 from boltzmann_attention.experiments.sweep import Grid, run_name, sweep
@@ -27,6 +26,8 @@ from boltzmann_attention.experiments.train import (
     read_checkpoint,
     train,
 )
+from boltzmann_attention.experiments.train import checkpoints as checkpoints_module
+from boltzmann_attention.experiments.train import loop as train_module
 
 SMALL = dict(steps=40, batch_size=16, eval_interval=20, eval_windows=64, d_model=16, d_ff=32, warmup_steps=5)
 SHORT = {**SMALL, "warmup_steps": 0}  # for runs of a few steps (no warning that warm-up never ends)
@@ -65,7 +66,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 
 def _train_until(cfg, path, stop):
     """Run cfg but stop (as if killed) right after the checkpoint at `stop` steps."""
-    import boltzmann_attention.experiments.train as T
+    import boltzmann_attention.experiments.train.loop as T
 
     original = T.save_checkpoint
 
@@ -95,7 +96,7 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="another config"):
         train(cfg.replace(mode="h", steps=4), checkpoint=other, progress=False)
     with pytest.raises(ValueError, match=r"written by a run of 1 process\(es\), this one has 2"):
-        train_module.load_checkpoint(other, cfg.replace(steps=4), None, None, None, None, rank=1, world=2)
+        checkpoints_module.load_checkpoint(other, cfg.replace(steps=4), None, None, None, None, rank=1, world=2)
 
 
 class _Payload:
@@ -117,7 +118,7 @@ def test_crafted_checkpoint_cannot_run_code(tmp_path):
     assert marker.exists()
     marker.unlink()
     cfg = TrainConfig.build(task="brackets", T=4, **{**SHORT, "steps": 2})
-    framed = train_module._frame(buffer.getvalue())  # as an attacker who knows the format would write it
+    framed = checkpoints_module._frame(buffer.getvalue())  # as an attacker who knows the format would write it
     for content, message in ((buffer.getvalue(), "plain torch file without a checksum, not loaded"),
                              (framed, r"refused: it holds objects other than tensors.*could run code")):
         crafted = tmp_path / "crafted.pt"
@@ -137,7 +138,7 @@ def test_bit_flip_in_checkpoint_tensor_data_is_refused(tmp_path):
     assert at > 0
     raw[at + 5] ^= 0x10  # one bit inside the embedding's float data
     path.write_bytes(bytes(raw))
-    header = len(train_module._MAGIC) + 65
+    header = len(checkpoints_module._MAGIC) + 65
     flipped = torch.load(io.BytesIO(bytes(raw[header:])), weights_only=True)["model"]["token_embedding.weight"]
     assert (flipped != weight).sum() == 1  # torch alone would load the changed weight
     with pytest.raises(ValueError, match=re.escape(str(path)) + ".*sha256 checksum.*delete it to restart"):
@@ -154,7 +155,7 @@ def test_a_checksummed_checkpoint_with_a_bad_history_is_refused(tmp_path, histor
     state["history"] = history
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    path.write_bytes(train_module._frame(buffer.getvalue()))
+    path.write_bytes(checkpoints_module._frame(buffer.getvalue()))
     with pytest.raises(ValueError, match="invalid history.*delete it to restart"):
         train(cfg, checkpoint=path, progress=False)
 
@@ -401,7 +402,7 @@ def test_ddp_two_processes(tmp_path):
 _DDP_RESUME = """
 import json, sys
 import torch.distributed as dist
-import boltzmann_attention.experiments.train as T
+import boltzmann_attention.experiments.train.loop as T
 
 cfg = T.TrainConfig.build(task="brackets", T=5, steps=4, batch_size=8, eval_interval=2, d_model=16, d_ff=32,
                     warmup_steps=1)
@@ -577,7 +578,7 @@ def test_results_and_checkpoints_from_before_a_field_read_as_what_they_used(tmp_
     state["config"] = old(state["config"])
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    (tmp_path / "old.pt").write_bytes(train_module._frame(buffer.getvalue()))
+    (tmp_path / "old.pt").write_bytes(checkpoints_module._frame(buffer.getvalue()))
     resumed = train(cfg, progress=False, checkpoint=tmp_path / "old.pt")  # resumes: the old data's defaults
     assert resumed["steps_run"] == 0 and resumed["metrics"] == result["metrics"]
     with pytest.raises(ValueError, match="another config.*deduplicate"):
@@ -631,7 +632,8 @@ def test_relative_coupling_range_reaches_the_layer():
 def test_the_memory_probe_measures_a_fresh_process(tmp_path):
     """The probe's peak is its own process's: not raised by this (test) process's size, as ru_maxrss carried
     over fork and exec would be; and a larger batch takes more memory in its steps."""
-    from boltzmann_attention.experiments.train import _rss_mib, memory_probe
+    from boltzmann_attention.experiments.train import memory_probe
+    from boltzmann_attention.experiments.train.memory import _rss_mib
 
     if _rss_mib() is None:
         pytest.skip("needs /proc (Linux)")

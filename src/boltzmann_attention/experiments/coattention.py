@@ -22,11 +22,13 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from .. import modes
 from ..attention import BoltzmannAttention
 from ..coupled_window import band_index, slot_field
 from ..couplings import WindowCouplings
+from .train import Analysis
 
-__all__ = ["VERSIONS", "coupled_windows", "decompose", "without_couplings"]
+__all__ = ["ANALYSIS", "VERSIONS", "coupled_windows", "decompose", "without_couplings"]
 
 VERSIONS = ("field only", "uncoupled")
 ANALYSIS_WINDOWS = 64  # validation windows for the weights (the losses use every validation window)
@@ -116,3 +118,17 @@ def decompose(model: nn.Module, task, windows: int = ANALYSIS_WINDOWS) -> dict |
     model.train(was_training)
     return {"layers": out, "loss": loss, "windows": min(windows, len(task.val[0]))}
 
+
+def _applies(cfg) -> bool:
+    """A language model with coupled windows."""
+    a = cfg.attention
+    return cfg.data.task == "shakespeare" and a.coupling_window is not None and modes.get(a.mode).couplings
+
+
+def _current(recorded) -> bool:
+    """Recorded with the mean squares (older results have only the mean absolute differences)."""
+    return all("coupling_square" in x for x in recorded["layers"])
+
+
+# the measurement as a run's analysis: a study that reads it names it in its grids
+ANALYSIS = Analysis("coattention", decompose, applies=_applies, current=_current)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from . import coattention
+from .config import TrainConfig
 from .plots import plot_couplings, plot_distance, plot_fits, plot_metric
 from .results import BASELINE, INFO_KEYS, Group, Results, Run, load_runs, mode_rank, variant_rank
 from .stats import (
@@ -54,7 +55,6 @@ from .tables import (
     md_table,
     plural,
 )
-from .train import TrainConfig
 
 __all__ = ["ReportContext", "Results", "Run", "header_section", "load_runs", "protocol_sections", "verdict"]
 

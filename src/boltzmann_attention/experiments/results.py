@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import TrainConfig
-from .train import write_result
+from .train.checkpoints import write_result
 
 ARCHIVE = "runs.jsonl.gz"  # every run's result, one JSON per line, written next to each report
 MODE_ORDER = ("softmax", "h+J", "h", "J", "h+K", "h+J+K")

@@ -4,8 +4,8 @@ A run is named by its grid point (``shakespeare-T8-h+J-exact-base-s0``). Its res
 ``<out>/runs/<name>.json`` and its checkpoint to ``<out>/checkpoints/<name>.pt``; a sweep skips runs whose
 result exists and resumes a killed run from its checkpoint, so nothing finished is lost. A finished run's last
 checkpoint is kept as ``<out>/final/<name>.pt`` (the trained model, for analyses after the run: ``train.load_final``);
-a finished coupled-window run whose result lacks the co-attention measurement (:mod:`.coattention`) gets it from
-its kept model when a sweep next passes over it.
+a grid can name analyses (``train.Analysis``, such as the co-attention measurement of :mod:`.coattention`) that
+its runs record; a finished run that lacks one gets it from its kept model when a sweep next passes over it.
 
 The grids of each study (the paper's profiles, the fair baselines, ...) live in ``studies/``; the command line
 resolves a profile's grids there and hands them to :func:`sweep`.
@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 
 from .. import modes
-from . import coattention
-from .train import TrainConfig, load_final, train, write_result
+from .train import Analysis, TrainConfig, load_final, train, write_result
 
 DEFAULT_MODES = ("softmax", "h+J", "h", "J")  # the paper's four modes
 
@@ -66,6 +65,7 @@ class Grid:
     variant: str = "base"
     overrides: dict = field(default_factory=dict)
     field_bias: str | None = None
+    analyses: tuple[Analysis, ...] = ()
 
     def runs(self) -> list[tuple[str, TrainConfig]]:
         out = []
@@ -129,7 +129,7 @@ CHECKPOINT_INTERVAL = 100  # steps: a killed run loses at most this many (saving
 
 def _run_one(args) -> tuple[str, str | None]:
     """Train one grid point; returns (name, None) or (name, error message). One failure does not stop a sweep."""
-    name, cfg_dict, variant, out, threads, progress = args
+    name, cfg_dict, variant, analyses, out, threads, progress = args
     torch.set_num_threads(threads)  # before any heavy work; the pool's children also inherit OMP_NUM_THREADS
     cfg = TrainConfig.from_dict(cfg_dict)
     out = Path(out)
@@ -137,7 +137,7 @@ def _run_one(args) -> tuple[str, str | None]:
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     try:
         result = train(cfg, checkpoint=checkpoint, checkpoint_interval=CHECKPOINT_INTERVAL, progress=progress,
-                       out=out / "runs" / f"{name}.json")
+                       out=out / "runs" / f"{name}.json", analyses=analyses)
     except Exception as e:  # reported by sweep(), which goes on with the other runs
         return name, f"{type(e).__name__}: {e}"
     result.update(run=name, variant=variant)
@@ -149,15 +149,16 @@ def _run_one(args) -> tuple[str, str | None]:
     return name, None
 
 
-def _measure_kept(path: Path, kept: Path) -> bool:
-    """Add the co-attention measurement (:func:`.coattention.decompose`) to the finished coupled-window run at
-    ``path`` from its kept model, when the run has none or one without the mean squares; True if added."""
+def _measure_kept(path: Path, kept: Path, analyses: tuple[Analysis, ...]) -> bool:
+    """Add to the finished run at ``path`` the analyses it applies to and has not recorded (or recorded in an
+    older version), measured on its kept model; True if any was added."""
     raw = json.loads(path.read_text())
-    recorded = raw.get("coattention")
-    if not kept.exists() or (recorded and all("coupling_square" in x for x in recorded["layers"])):
+    cfg = TrainConfig.from_dict(raw["config"])
+    missing = [a for a in analyses if a.applies(cfg) and not (raw.get(a.name) and a.current(raw[a.name]))]
+    if not missing or not kept.exists():
         return False
     task, model = load_final(kept)
-    write_result({**raw, "coattention": coattention.decompose(model, task)}, path)
+    write_result({**raw, **{a.name: a.run(model, task) for a in missing}}, path)
     return True
 
 
@@ -206,17 +207,18 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
                 found = file_problems(path)
                 if not found:
                     skipped += 1
-                    if cfg.attention.coupling_window is not None and modes.get(cfg.attention.mode).couplings:
-                        unmeasured.append(path)
+                    if grid.analyses:
+                        unmeasured.append((path, grid.analyses))
                     continue
                 broken.append((path, found))
-            todo.append((name, asdict(cfg), grid.variant))
+            todo.append((name, asdict(cfg), grid.variant, grid.analyses))
     if skipped:
         print(f"skipped {skipped} finished run{'s' if skipped != 1 else ''} in {out / 'runs'}")
     if not dry_run:
-        measured = sum(_measure_kept(path, out / "final" / f"{path.stem}.pt") for path in unmeasured)
+        measured = sum(_measure_kept(path, out / "final" / f"{path.stem}.pt", analyses)
+                       for path, analyses in unmeasured)
         if measured:
-            print(f"recorded the co-attention measurement of {measured} finished run{'s' if measured != 1 else ''} "
+            print(f"recorded the grids' analyses of {measured} finished run{'s' if measured != 1 else ''} "
                   "from their kept models")
     if dry_run or not todo:
         return [t[0] for t in todo]
@@ -225,7 +227,7 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
     threads = threads_per_run(jobs, threads)
     if jobs > available_cores():
         print(f"warning: {jobs} jobs on {available_cores()} cores share cores (one thread each)")
-    tasks = [(name, cfg, variant, str(out), threads, jobs == 1) for name, cfg, variant in todo]
+    tasks = [(name, cfg, variant, analyses, str(out), threads, jobs == 1) for name, cfg, variant, analyses in todo]
     from .progress import progress as tqdm
 
     if jobs == 1:

@@ -17,6 +17,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from ... import lr_rule
+from ...coattention import ANALYSIS as COATTENTION
 from ...recipes import NANOGPT, NANOGPT_T
 from ...report import ReportContext, archive_runs, fmt_difference, header_section, lr_decision_notes, protocol_sections
 from ...report import coattention_section as shared_coattention_section
@@ -133,7 +134,8 @@ def overrides(arm: Arm, lr: float, T: int = NANOGPT_T, steps: int | None = None)
 
 def _grid(arm: Arm, T: int, seed: int, lr: float, steps: int | None = None) -> Grid:
     return Grid(("shakespeare",), (T,), modes=(arm.mode,), methods=(arm.method,), seeds=(seed,),
-                variant=variant(arm.name, lr, T, steps), overrides=overrides(arm, lr, T, steps))
+                variant=variant(arm.name, lr, T, steps), overrides=overrides(arm, lr, T, steps),
+                analyses=(COATTENTION,))
 
 
 def arm_learning_rates(arm: str, d: Decisions) -> tuple[float, ...]:

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import lr_rule
+from ...config import TrainConfig
 from ...recipes import NANOGPT, NANOGPT_LOSS, NANOGPT_T
 from ...report import ReportContext, header_section, lr_decision_notes, protocol_sections
 from ...results import NO_MEASURES, Results
 from ...stats import millinats, paired, relative, stat
 from ...sweep import Grid, with_field_bias
 from ...tables import fmt_interval, fmt_num, fmt_stat, md_table, table_with_holm
-from ...train import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ...coattention import ANALYSIS as COATTENTION
 from ...recipes import NANOGPT, NANOGPT_T
 from ...sweep import Grid
 
@@ -139,7 +140,8 @@ class Setting:
         """The grid of these seeds, less those the priors archive holds."""
         done = IN_PRIORS.get((self.arm, self.T, self.steps), ()) if self.from_priors else ()
         return Grid(("shakespeare",), (self.T,), modes=(ARMS[self.arm].mode,), methods=("exact",),
-                    seeds=tuple(s for s in seeds if s not in done), variant=self.variant, overrides=self.overrides)
+                    seeds=tuple(s for s in seeds if s not in done), variant=self.variant, overrides=self.overrides,
+                    analyses=(COATTENTION,))
 
 
 def with_multiplier(arm: str, m: float, d: Decisions, T: int = SHORT_T) -> Setting:

@@ -1,18 +1,17 @@
-"""Training one model on one task: config, loop, evaluation, checkpoints, results.
+"""The training loop: one model on one task, evaluated, checkpointed, and its result with the analyses asked for.
 
 Defaults (chosen so that the softmax baseline converges on both tasks at the paper's sizes; see the README):
 AdamW, lr 3e-3, betas (0.9, 0.95), weight decay 0.1 on weight matrices only (never on J, K or the field
 bias), 200 warm-up steps then cosine decay to 10% of lr, gradient clipping at 1.0, batch 64, 4000 steps.
 
 Reproducibility: the seed fixes the initialisation (torch's global RNG) and the data order (a separate
-torch.Generator). A checkpoint holds model, optimiser, scheduler, both RNG states, config, step and the
-training time so far, so a resumed run equals an uninterrupted one bit for bit on CPU (with the same number
-of threads) and its ``wall_time_s`` is the sum over its segments.
+torch.Generator). A checkpoint (:mod:`.checkpoints`) holds model, optimiser, scheduler, both RNG states, config,
+step and the training time so far, so a resumed run equals an uninterrupted one bit for bit on CPU (with the
+same number of threads) and its ``wall_time_s`` is the sum over its segments.
 
-Checkpoints: a header line, the sha256 of the payload, then the payload (a ``torch.save`` file of tensors
-and plain Python data only). Loading checks the sha256 first and then unpickles with ``weights_only=True``,
-so a damaged file is refused and a crafted one cannot run code. Written atomically (temp file, fsync,
-``os.replace``). :func:`default_checkpoint` is the path next to a result file.
+Analyses: ``train(cfg, analyses=...)`` runs each :class:`Analysis` on the trained model and stores what it
+returns under its name in the result. The loop knows no study: a study names the analyses its runs need in its
+grids (the priors study: the co-attention measurement of :mod:`..coattention`).
 
 Threads: ``train(threads=n)`` runs with n torch threads (restored afterwards); the default keeps torch's
 current setting (all cores unless set). Concurrent runs on one machine must share the cores: give each
@@ -26,20 +25,15 @@ checkpoint holds every rank's RNG states, so a run resumes with the number of pr
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import math
 import os
-import pickle
-import re
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,22 +42,43 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import ising
-from ..attention import BoltzmannAttention, parameter_groups
-from ..ising.exact import MAX_SPINS as EXACT_MAX_SPINS
-from ..ising.meanfield import ConvergenceWarning
-from ..positions import SlotBias
-from ..provenance import machine_info
-from . import coattention
-from . import data as datasets
-from .config import COUPLINGS, LEGACY, TASKS, TrainConfig, _integer
-from .model import Model, ModelConfig, loss_fn
+from ... import ising
+from ...attention import BoltzmannAttention, parameter_groups
+from ...ising.meanfield import ConvergenceWarning
+from ...positions import SlotBias
+from ...provenance import machine_info
+from .. import data as datasets
+from ..config import TrainConfig, _integer
+from ..model import Model, ModelConfig, loss_fn
+from .checkpoints import check_output_path, load_checkpoint, read_checkpoint, save_checkpoint
+from .memory import _peak_rss_mib, _rss_mib, memory_probe
 
-__all__ = ["COUPLINGS", "LEGACY", "TASKS", "TrainConfig", "train", "setup_run", "train_step", "build_optimizer",
-           "write_result", "read_checkpoint", "load_final", "default_checkpoint", "memory_probe",
-           "model_config"]
-CHECKPOINT_FORMAT = 2
-_MAGIC = b"boltzmann-attention checkpoint 2\n"  # then 64 hex digits of sha256(payload), a newline, the payload
+__all__ = ["Analysis", "Task", "build_optimizer", "learned_priors", "load_final", "model_config", "setup_run",
+           "train", "train_step"]
+
+
+def _always(_) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """A measurement of the trained model that a study asks of its runs.
+
+    ``applies(cfg)``: whether runs of this config get it; ``run(model, task)`` returns a JSON-serialisable dict,
+    stored in the result under ``name``; ``current(recorded)``: whether a recorded value is of this version of
+    the analysis (a sweep measures a finished run again, from its kept model, when it is not). Module-level
+    functions only: a sweep sends the analyses to its worker processes.
+    """
+
+    name: str
+    run: Callable
+    applies: Callable[[TrainConfig], bool] = _always
+    current: Callable[[dict], bool] = _always
+
+
+RESULT_KEYS = ("config", "seed", "steps_run", "wall_time_s", "threads", "metrics", "history", "memory", "data",
+               "convergence", "layers", "run", "variant")  # what an analysis may not be called
 
 
 class Task:
@@ -150,155 +165,9 @@ def build_optimizer(model: Model, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(0.9, cfg.optim.beta2), fused=fused or None)
 
 
-def default_checkpoint(out: str | Path) -> Path:
-    """The checkpoint path that goes with the result file ``out``: ``results/x.json`` -> ``results/x.ckpt.pt``."""
-    return Path(out).with_suffix(".ckpt.pt")
-
-
-def check_output_path(path: str | Path, what: str = "output") -> Path:
-    """Create the folder of ``path`` if missing and check that a file can be written there (by writing and
-    removing a temporary file); ValueError naming the path otherwise. Returns ``path`` as a Path."""
-    path = Path(path)
-    try:
-        if not path.name or path.is_dir():
-            raise ValueError(f"the {what} path {str(path)!r} is a folder; give a file path")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
-            pass
-    except OSError as e:
-        raise ValueError(f"cannot write the {what} {str(path)[:200]}: {e.strerror or e} (the file and a temporary "
-                         "file beside it, named after it, must be writable)") from None
-    return path
-
-
-def check_output_folder(path: str | Path, what: str = "output") -> Path:
-    """Create the folder ``path`` (and its parents) if missing; ValueError naming it when that cannot be done
-    (a regular file in the way, no permission, a name too long). Returns ``path`` as a Path."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot use {path} as the {what} folder: {getattr(e, 'strerror', None) or e}") from None
-    if not path.is_dir():
-        raise ValueError(f"cannot use {path} as the {what} folder: it is not a folder")
-    return path
-
-
-def _frame(payload: bytes) -> bytes:
-    """A checkpoint file's bytes: header line, sha256 of the payload, newline, payload."""
-    return _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a killed process leaves either the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def save_checkpoint(path: Path, model, optimizer, scheduler, cfg: TrainConfig, step: int, history: list, *,
-                    data_rng: Tensor, torch_rng: Tensor, elapsed: float = 0.0) -> None:
-    """Write everything a resumed run needs, checksummed, atomically.
-
-    data_rng, torch_rng: (world size, state bytes), every process's data generator and global RNG states
-    (see :func:`_per_rank`); elapsed: training seconds so far.
-    """
-    state = {"format": CHECKPOINT_FORMAT, "config": asdict(cfg), "step": step, "history": history,
-             "elapsed_s": float(elapsed), "model": model.state_dict(),
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "data_rng": data_rng, "torch_rng": torch_rng}
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    _atomic_write(Path(path), _frame(buffer.getvalue()))
-
-
-def read_checkpoint(path: str | Path) -> dict:
-    """The state saved by :func:`save_checkpoint`, after checking its sha256; never runs code from the file.
-
-    ValueError (naming the file and saying to delete it to restart) for a file that is unreadable, not a
-    checkpoint of this format, damaged, or holds anything but tensors and plain data.
-    """
-    path = Path(path)
-
-    def refuse(why: str) -> ValueError:
-        return ValueError(f"checkpoint {path} {why}; delete it to restart the run from step 0")
-
-    not_ours = f"is corrupted or not a boltzmann-attention checkpoint (format {CHECKPOINT_FORMAT})"
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise refuse(f"is unreadable: {e.strerror or e}") from None
-    if not raw.startswith(_MAGIC):
-        if raw.startswith(b"PK"):  # a plain torch.save file, e.g. of checkpoint format 1
-            raise refuse(f"{not_ours}: a plain torch file without a checksum, not loaded") from None
-        raise refuse(not_ours)
-    head = len(_MAGIC)
-    digest, payload = raw[head:head + 64], raw[head + 65:]
-    if raw[head + 64:head + 65] != b"\n" or hashlib.sha256(payload).hexdigest().encode() != digest:
-        raise refuse("is corrupted: its content does not match its sha256 checksum (damaged or truncated)")
-    try:
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        what = f" ({found.group(1)})" if found else ""
-        raise refuse(f"was refused: it holds objects other than tensors and plain data{what}, and loading it "
-                     "could run code") from None
-    except Exception as e:  # noqa: BLE001 - any other failure of a checksummed file is damage
-        raise refuse(f"{not_ours}: {type(e).__name__}: {e}") from None
-    keys = {"format", "config", "step", "history", "elapsed_s", "model", "optimizer", "scheduler", "data_rng",
-            "torch_rng"}
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or not keys <= set(state):
-        raise refuse(not_ours)
-    return state
-
-
-def load_checkpoint(path: Path, cfg: TrainConfig, model, optimizer, scheduler, generator, rank: int = 0,
-                    world: int = 1) -> tuple[int, list, float]:
-    """Restore a checkpoint written by :func:`save_checkpoint` for the same config and number of processes
-    (process ``rank`` of ``world`` takes its own RNG states); returns (step, history, elapsed seconds)."""
-    state = read_checkpoint(path)
-    try:
-        saved = TrainConfig.from_dict(state["config"]).flat()  # nested, or flat from before the nesting
-    except (ValueError, TypeError, AttributeError) as e:
-        raise ValueError(f"checkpoint {path} holds an unreadable config ({e}); delete it to restart the run "
-                         "from step 0") from None
-    if saved != cfg.flat():
-        diff = {k: (saved.get(k), v) for k, v in cfg.flat().items() if saved.get(k) != v}
-        raise ValueError(f"checkpoint {path} was written for another config; differences (saved, now): {diff}")
-    step, elapsed, data_rng, torch_rng = state["step"], state["elapsed_s"], state["data_rng"], state["torch_rng"]
-    if (not isinstance(step, int) or not 0 <= step <= cfg.steps or not isinstance(elapsed, float)
-            or not math.isfinite(elapsed) or elapsed < 0):
-        raise ValueError(f"checkpoint {path} holds an invalid step {step!r} or time {elapsed!r}; delete it to "
-                         "restart the run from step 0")
-    history = state["history"]
-    if not isinstance(history, list) or not all(isinstance(h, dict) and isinstance(h.get("step"), int)
-                                                for h in history):
-        raise ValueError(f"checkpoint {path} holds an invalid history ({type(history).__name__}, expected a list "
-                         "of evaluations); delete it to restart the run from step 0")
-    for rng in (data_rng, torch_rng):
-        if not isinstance(rng, Tensor) or rng.dim() != 2 or len(rng) != world:
-            saved = len(rng) if isinstance(rng, Tensor) and rng.dim() == 2 else "?"
-            raise ValueError(f"checkpoint {path} was written by a run of {saved} process(es), this one has "
-                             f"{world}: resume it with {saved}, or delete it to restart the run from step 0")
-    try:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        generator.set_state(data_rng[rank].clone())
-        torch.set_rng_state(torch_rng[rank].clone())
-    except (RuntimeError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"checkpoint {path} does not match the model: {e}") from None
-    return step, history, float(elapsed)
-
-
 def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_interval: int = 500,
-          progress: bool = True, out: str | Path | None = None, threads: int | None = None) -> dict | None:
+          progress: bool = True, out: str | Path | None = None, threads: int | None = None,
+          analyses: tuple[Analysis, ...] = ()) -> dict | None:
     """Train one model and return its results (config, metrics, history, learned couplings, timing).
 
     metrics: 'val' (and 'test' for brackets) with the configured method. A model trained through a sampled
@@ -312,13 +181,15 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
     result file). ``out``: the result path the caller will write (with :func:`write_result`); like the
     checkpoint's, its folder is created and checked to be writable before training. ``threads``: torch
     threads for this run (restored afterwards; default: leave torch's setting; see :func:`.sweep.threads_per_run`).
-    ``wall_time_s`` is the training time summed over every segment of a resumed run.
+    ``wall_time_s`` is the training time summed over every segment of a resumed run. ``analyses``: each
+    :class:`Analysis` runs on the trained model (in eval mode), its result stored under its name.
 
     Raises ValueError before training for a bad config or output path, and during training when the run
     diverges (a non-finite loss, or weights the marginals reject, after a step that worked).
     """
     cfg.validate()
     _integer("checkpoint_interval", checkpoint_interval, 1)
+    check_analyses(analyses)
     checkpoint = check_output_path(checkpoint, "checkpoint") if checkpoint else None
     if out is not None:
         out = check_output_path(out, "result")
@@ -330,12 +201,25 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _train(cfg, checkpoint, checkpoint_interval, progress)
+        return _train(cfg, checkpoint, checkpoint_interval, progress, tuple(analyses))
     finally:
         torch.set_num_threads(saved_threads)
 
 
-def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, progress: bool) -> dict | None:
+def check_analyses(analyses) -> None:
+    """ValueError unless ``analyses`` is a sequence of :class:`Analysis` with distinct names that are not the
+    result's own keys."""
+    if not isinstance(analyses, (tuple, list)) or not all(isinstance(a, Analysis) for a in analyses):
+        raise ValueError(f"analyses must be a tuple of train.Analysis, got {analyses!r}")
+    names = [a.name for a in analyses]
+    clash = sorted({n for n in names if n in RESULT_KEYS or names.count(n) > 1})
+    if clash:
+        raise ValueError(f"analysis names {clash} are taken (by another analysis, or by the result's keys "
+                         f"{RESULT_KEYS})")
+
+
+def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, progress: bool,
+           analyses: tuple[Analysis, ...]) -> dict | None:
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world = 0, 1
     if distributed:
@@ -408,7 +292,7 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
         result["data"] = {f"{split}_in_train": v for split, v in task.data.in_train.items()}
     if unconverged.found():
         result["convergence"] = unconverged.summary()
-    if cfg.attention.method in ising.SAMPLED_METHODS and cfg.data.T <= EXACT_MAX_SPINS:
+    if cfg.attention.method in ising.SAMPLED_METHODS and cfg.data.T <= ising.methods.REGISTRY["exact"].max_spins:
         # the same weights with exact marginals: what training through the sampler learned, apart from the
         # sampler's own behaviour (noise, and a non-Boltzmann distribution for dqa/sqa) at evaluation
         with marginals_method(model, "exact"):
@@ -418,10 +302,9 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
     layers = [learned_priors(block.attn, cfg.data.T) for block in model.blocks]
     if any(layers):
         result["layers"] = layers  # every layer's couplings, field and slot biases
-    if cfg.data.task == "shakespeare":  # the window couplings' per-slot field against their co-attention
-        split = coattention.decompose(model, task)
-        if split is not None:
-            result["coattention"] = split
+    for analysis in analyses:
+        if analysis.applies(cfg):
+            result[analysis.name] = analysis.run(model, task)
     if distributed:
         dist.barrier()
     return result if rank == 0 else None
@@ -540,35 +423,6 @@ def train_step(net, model: Model, optimizer, x: Tensor, y: Tensor, cfg: TrainCon
     return loss
 
 
-# ------------------------------------------------------------------------------------------ memory probe
-
-_PROBE = "from boltzmann_attention.experiments.train import _probe_main; _probe_main()"
-
-
-def memory_probe(cfg: TrainConfig, threads: int | None = None) -> dict:
-    """The memory that training ``cfg`` takes, measured in a fresh Python process.
-
-    The process builds the data, model and optimiser of ``cfg`` as a run does, then makes
-    ``cfg.measure.memory_probe_steps`` training steps (at cfg.batch_size; no evaluation). Returned: its peak resident
-    set size (the high-water mark of that process alone, see :func:`_peak_rss_mib`), its RSS before the
-    first step (Linux: /proc/self/status; else None), their
-    difference (the steps' working memory: activations, gradients, optimiser state), in MiB, and how it
-    was measured. A fresh process per probe is what makes the peak belong to this config: a sweep's worker
-    runs many runs, and its high-water mark is that of the largest so far. ``threads``: torch threads of
-    the process (default: this process's). ValueError with the process's last output if it fails.
-    """
-    cfg.validate()
-    _integer("memory_probe_steps", cfg.measure.memory_probe_steps, 1)
-    root = str(Path(__file__).resolve().parents[2])  # the folder holding the boltzmann_attention package
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    request = json.dumps({"config": asdict(cfg), "threads": threads or torch.get_num_threads()})
-    done = subprocess.run([sys.executable, "-c", _PROBE], input=request, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise ValueError(f"the memory probe of {cfg.measure.memory_probe_steps} steps failed (exit {done.returncode}): "
-                         f"{done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def _probe_main() -> None:
     """The memory probe's process: reads {"config", "threads"} from stdin, prints the measurement as JSON."""
     request = json.loads(sys.stdin.read())
@@ -584,36 +438,6 @@ def _probe_main() -> None:
                       "batch_size": cfg.batch_size, "threads": torch.get_num_threads(),
                       "how": "a fresh Python process: data, model and optimiser built as in a run, then the "
                              "training steps (no evaluation); peak = the process's VmHWM"}))
-
-
-def _status_mib(field: str) -> float | None:
-    """A size from /proc/self/status (Linux), in MiB; None where it is missing."""
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    found = re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE)
-    return int(found.group(1)) / 1024 if found else None
-
-
-def _rss_mib() -> float | None:
-    """This process's resident set size now (Linux), in MiB; None elsewhere."""
-    return _status_mib("VmRSS")
-
-
-def _peak_rss_mib() -> float:
-    """This process's peak resident set size, in MiB: VmHWM on Linux, the high-water mark of this program's
-    address space. Not ru_maxrss: Linux carries that over fork and exec, so a child started by a large
-    process reports at least the parent's size (measured: a probe started by a process that had trained
-    a model read 501 MiB by ru_maxrss against 464 MiB by VmHWM). Elsewhere ru_maxrss (KiB on most systems,
-    bytes on macOS), with that caveat."""
-    peak = _status_mib("VmHWM")
-    if peak is not None:
-        return peak
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def _diverged(cfg: TrainConfig, step: int, model: Model, what: str) -> ValueError:
@@ -654,14 +478,9 @@ def _headline(metrics: dict) -> str:
 def _progress_bar(cfg: TrainConfig, start: int, enabled: bool):
     if not enabled:
         return None
-    from .progress import progress
+    from ..progress import progress
 
     return progress(total=cfg.steps, initial=start, desc=f"{cfg.data.task} T={cfg.data.T} {cfg.attention.mode}",
                     unit="step", leave=False, dynamic_ncols=True)
 
 
-def write_result(result: dict, path: str | Path) -> None:
-    """Write a results JSON atomically (a killed process leaves either the old file or the new one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, json.dumps(result, indent=1).encode())
