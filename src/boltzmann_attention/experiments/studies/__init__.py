@@ -24,6 +24,7 @@ import dataclasses
 import importlib
 import json
 import pkgutil
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -176,8 +177,14 @@ def context(study: ModuleType, results_dir: Path, out: Path, decisions=None) -> 
     unknown = [p for p in reads if p not in known]
     if unknown:
         raise ValueError(f"study {name(study)!r} reads the archives of unknown profiles {unknown}; known: {known}")
+    archives = {p: out.parent / p / ARCHIVE for p in reads}
+    for p, path in archives.items():
+        if not path.exists():
+            warnings.warn(f"the report of study {name(study)!r} reads the archive of profile {p!r} beside it, and "
+                          f"{path} does not exist: the rows that come from it are left out (write the report of "
+                          f"{p!r} there first, or copy its folder from report/)", stacklevel=3)
     return ReportContext(results_dir, out, load_decisions(study) if decisions is None else decisions, protocol(study),
-                         {p: out.parent / p / ARCHIVE for p in reads})
+                         archives)
 
 
 def write_report(results_dir: str | Path, out_dir: str | Path, decisions=None) -> Path:
