@@ -2,12 +2,21 @@
 recipe (the initialisation and each mode's learning rate the baselines study chose), the settings of J's
 sensitivity, and the sampler settings of training through samplers.
 
-Plain values, no study imported: a study reuses a recipe by importing it from here. The baselines study
-records the decisions behind ``CHOSEN_INIT`` and ``BEST_LR`` in its ``decisions.json`` (a test keeps the two
-equal); nanoGPT's values are from its ``config/train_shakespeare_char.py`` with the README's CPU overrides.
+No study imported: a study reuses a recipe by importing it from here. ``CHOSEN_INIT`` and ``BEST_LR`` are
+the baselines study's decisions, read from its ``decisions.json`` (data, not code), so they are written once;
+nanoGPT's values are from its ``config/train_shakespeare_char.py`` with the README's CPU overrides.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _decisions(study: str) -> dict:
+    """The decisions a study recorded (its folder's decisions.json), as data."""
+    return json.loads((Path(__file__).parent / "studies" / study / "decisions.json").read_text())
+
 
 # nanoGPT's CPU configuration for Tiny Shakespeare (characters), as TrainConfig overrides, at window NANOGPT_T.
 NANOGPT = {"batch_size": 12, "steps": 2000, "lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 0.1, "beta2": 0.99,
@@ -16,9 +25,10 @@ NANOGPT = {"batch_size": 12, "steps": 2000, "lr": 1e-3, "warmup_steps": 100, "mi
 NANOGPT_T = 64
 NANOGPT_LOSS = 1.88  # nanoGPT's README: "validation loss of about 1.88" for this configuration
 
-# The strong recipe: nanoGPT's initialisation and each mode's best learning rate (Shakespeare, T = 8 and 12).
-CHOSEN_INIT = "gpt2"
-BEST_LR: dict[str, float] = {"softmax": 3e-3, "h": 3e-3, "J": 1e-2, "h+J": 3e-3}  # mode -> lr
+# The strong recipe: the initialisation and each mode's best learning rate (Shakespeare, T = 8 and 12) that
+# the baselines study chose.
+CHOSEN_INIT: str = _decisions("baselines")["CHOSEN_INIT"]
+BEST_LR: dict[str, float] = dict(_decisions("baselines")["BEST_LR"])  # mode -> lr
 
 # The sensitivity of J: its learning-rate multipliers besides 1, and a small random initialisation N(0, std^2).
 J_LR_MULTIPLIERS = (0.3, 3.0)
