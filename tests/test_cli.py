@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -127,6 +128,34 @@ def test_reproduce_keeps_the_old_recipe_one_flag_away(tmp_path, monkeypatch):
     assert cli.main(["reproduce", "--profile", "quick"]) == 0
     assert seen["inits"] == {"gpt2"}
     assert cli.main(["reproduce", "--profile", "baselines", "--init", "torch"]) == 2
+
+
+def test_reproduce_resumes_from_a_report_archive(tmp_path, monkeypatch, capsys):
+    """--resume-from unpacks the archive's runs into the results folder before the sweep, which finds them
+    finished; a different result already there stops it before any run."""
+    from boltzmann_attention.experiments import sweep as sweep_module
+
+    archive = Path(__file__).resolve().parents[1] / "report" / "twin" / "runs.jsonl.gz"
+    if not archive.exists():
+        pytest.skip("no committed twin report")
+    seen = {}
+
+    def fake_sweep(grids, out, jobs=1):
+        seen["runs"] = sorted(p.name for p in (out / "runs").glob("*.json"))
+        return []
+
+    monkeypatch.setattr(sweep_module, "sweep", fake_sweep)
+    monkeypatch.setattr(cli, "_write_report", lambda results, out: out)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["reproduce", "--profile", "twin", "--no-estimate", "--resume-from", str(archive)]) == 0
+    from boltzmann_attention.experiments.results import load_runs
+    assert seen["runs"] == sorted(f"{r.raw['run']}.json" for r in load_runs(archive))
+    assert f"unpacked {len(seen['runs'])} runs" in capsys.readouterr().out
+    first = tmp_path / "results" / "twin" / "runs" / seen["runs"][0]
+    first.write_text(first.read_text().replace('"seed"', '"seed_"', 1))
+    seen.clear()
+    assert cli.main(["reproduce", "--profile", "twin", "--no-estimate", "--resume-from", str(archive)]) == 2
+    assert "already holds another result" in capsys.readouterr().err and seen == {}
 
 
 def test_results_recorded_before_a_field_existed_read_as_what_they_used(tmp_path):

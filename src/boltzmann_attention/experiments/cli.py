@@ -135,6 +135,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p_repro.add_argument("--out", help="results folder (default: results/<profile>[-bias-<field bias>][-init-<init>])")
     p_repro.add_argument("--report", help="report folder (default: report/<profile>[-bias-<field bias>][-init-<init>])")
     p_repro.add_argument("--jobs", type=int, default=2, help="parallel processes (default: %(default)s)")
+    p_repro.add_argument("--resume-from", metavar="ARCHIVE",
+                         help="first unpack a report's runs.jsonl.gz into the results folder, where they count as "
+                              "finished (e.g. report/<profile>/runs.jsonl.gz, to go on with a committed study on "
+                              "another machine); a different result already there is an error, nothing is replaced")
     p_repro.add_argument("--no-estimate", dest="estimate", action="store_false",
                          help="start at once, without first timing two training steps of each of the profile's step "
                               "configurations for a cost estimate (the quick profile never times)")
@@ -208,6 +212,11 @@ def _dispatch(args) -> int:
             name += f"-init-{args.init}"
         out = check_output_folder(args.out or f"results/{name}", "results")
         report = check_output_folder(args.report or f"report/{name}", "report")  # both before any run
+        if args.resume_from is not None:
+            from .results import unpack_archive
+
+            written = unpack_archive(args.resume_from, out)
+            print(f"unpacked {len(written)} runs of {args.resume_from} into {out}/runs", flush=True)
         if args.estimate and args.profile != "quick":
             print(_estimate(grids, out, args.jobs), flush=True)
         start = time.perf_counter()
