@@ -1,8 +1,13 @@
-"""Shared factories for random Ising inputs (float64 unless asked)."""
+"""Shared factories for random Ising inputs (float64 unless asked), and one torch thread per pytest-xdist worker
+(workers share the cores: more threads than cores make torch's OpenMP threads spin against each other)."""
 
 import itertools
+import os
 
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 def symmetric_couplings(n, *batch, scale=1.0, bandwidth=None, dtype=torch.float64, generator=None):

@@ -16,5 +16,6 @@ def test_readme_python_examples_run():
 
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "python -m pytest" in README and "python -m pytest" in ci
+    command = re.compile(r"python -m pytest[^\n`&]*")
+    assert command.findall(README)[0].strip() == command.findall(ci)[-1].strip() == "python -m pytest -n auto"
     assert "pip install torch==2.13.0" in README and "pip install -q torch==2.13.0" in ci
