@@ -343,9 +343,15 @@ class BoltzmannAttention(nn.Module):
         return x.view(B, L, self.num_heads, self.embed_dim // self.num_heads).transpose(1, 2)
 
     def _check_input(self, x: Tensor) -> None:
+        """x of the layer's dtype, or under autocast of x's device (SDPA's convention) of the dtype autocast
+        gives a Linear's output, which the layer's own Linears then take as autocast says."""
         dtype = self.value.weight.dtype
-        if not isinstance(x, Tensor) or x.dtype != dtype:
-            raise ValueError(f"x must be a tensor of the layer's dtype {dtype}, got {type(x).__name__} "
+        autocast = isinstance(x, Tensor) and torch.amp.is_autocast_available(x.device.type) \
+            and torch.is_autocast_enabled(x.device.type)
+        allowed = (dtype, torch.get_autocast_dtype(x.device.type)) if autocast else (dtype,)
+        if not isinstance(x, Tensor) or x.dtype not in allowed:
+            under = f" or, under autocast, {allowed[1]}" if autocast else ""
+            raise ValueError(f"x must be a tensor of the layer's dtype {dtype}{under}, got {type(x).__name__} "
                              f"{getattr(x, 'dtype', '')}")
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"x must have shape (B, L, embed_dim = {self.embed_dim}), got {tuple(x.shape)}")
