@@ -260,3 +260,36 @@ def test_reproduce_says_what_its_runs_will_cost_before_it_starts(tmp_path, capsy
     assert "ESTIMATE" in capsys.readouterr().out
     assert cli.main(["reproduce", "--profile", "fair", "--out", str(tmp_path / "r"), "--no-estimate"]) == 0
     assert "ESTIMATE" not in capsys.readouterr().out
+    monkeypatch.setattr(sweep_module, "sweep", lambda *a, **k: pytest.fail("the sweep started"))
+    assert cli.main(["reproduce", "--profile", "quick", "--out", str(tmp_path / "q"), "--estimate-only"]) == 0
+    assert capsys.readouterr().out.strip() == "ESTIMATE"  # the quick profile too, when asked; then it stops
+    assert cli.main(["reproduce", "--profile", "fair", "--estimate-only", "--no-estimate"]) == 2
+
+
+def test_train_takes_its_checkpoint_interval(tmp_path, monkeypatch):
+    from boltzmann_attention.experiments.train import loop
+
+    seen = {}
+    monkeypatch.setattr(loop, "_train", lambda cfg, checkpoint, interval, progress, analyses: seen.update(
+        interval=interval))
+    assert cli.main(["train", "--steps", "3", "--warmup-steps", "0", "--checkpoint-interval", "7", "--out",
+                     str(tmp_path / "r.json")]) == 0
+    assert seen == {"interval": 7}
+    assert cli.main(["train", "--checkpoint-interval", "0", "--out", str(tmp_path / "r.json")]) == 2
+
+
+def test_report_help_names_each_default_once(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["report", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: report/<name of the results folder>)" in out and "(default: None)" not in out
+
+
+def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(capsys):
+    from boltzmann_attention.experiments.progress import progress
+
+    bar = progress(total=20, desc="run", unit="step")
+    for _ in range(20):
+        bar.update(1)
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.splitlines()[0] == "run: 1/20 steps" and err.splitlines()[-1] == "run: 20/20 steps"

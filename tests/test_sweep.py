@@ -83,7 +83,7 @@ def test_parallel_children_get_their_thread_count_before_torch_starts(monkeypatc
     seen = {}
 
     class FakePool:
-        def __init__(self, jobs):
+        def __init__(self, jobs, initializer=None):
             seen["jobs"], seen["env"] = jobs, {k: os.environ.get(k) for k in sweep_module.THREAD_VARIABLES}
 
         def __enter__(self):
@@ -146,6 +146,40 @@ def test_a_killed_sweep_stops_its_workers(tmp_path):
         deadline = time.monotonic() + 30
         while any(_alive(p) for p in workers):
             assert time.monotonic() < deadline, "the workers ran on after their sweep was killed"
+            time.sleep(0.2)
+    finally:
+        parent.kill()
+
+
+def test_ctrl_c_stops_a_parallel_sweep_in_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) ends the command with exit 130 and
+    one line saying how to resume, with no traceback from the parent or its workers, and no worker left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    overrides = json.dumps(dict(TINY, steps=10**6))
+    command = [sys.executable, "-m", "boltzmann_attention.experiments.cli", "sweep", "--T", "4", "--modes", "softmax",
+               "h", "--seeds", "0", "--jobs", "2", "--out", str(tmp_path)]
+    command += ["--set", *[f"{k}={json.dumps(v)}" for k, v in json.loads(overrides).items()]]
+    parent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list((tmp_path / "checkpoints").glob("*.pt"))) < 2:  # both workers are training
+            assert time.monotonic() < deadline and parent.poll() is None
+            time.sleep(0.2)
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(parent.pid), "-f", "spawn_main"],
+                                                  capture_output=True, text=True).stdout.split()]
+        os.killpg(parent.pid, signal.SIGINT)
+        _, err = parent.communicate(timeout=60)
+        assert parent.returncode == 130
+        assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted (the same command")
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in workers):
+            assert time.monotonic() < deadline, "the workers ran on after the sweep was interrupted"
             time.sleep(0.2)
     finally:
         parent.kill()

@@ -97,6 +97,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                                               "(default: next to --out, <out stem>.ckpt.pt, removed when the run ends)")
     p_train.add_argument("--threads", type=int, help="torch threads for this run (default: torch's setting; "
                                                      "use 1 when two runs share 2 cores)")
+    p_train.add_argument("--checkpoint-interval", type=int, default=500, metavar="STEPS",
+                         help="steps between checkpoints, the most a killed run loses (default: %(default)s)")
 
     p_sweep = sub.add_parser("sweep", help="a grid of task x T x mode x method x seed; skips finished runs",
                              description="Run a grid of task x T x mode x method x seed; finished runs are "
@@ -116,7 +118,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p_report = sub.add_parser("report", help="tables and plots from a results folder",
                               description="Write tables and plots from a results folder.", formatter_class=defaults)
     p_report.add_argument("--results", default="results", help="results folder (with runs/)")
-    p_report.add_argument("--out", help="report folder (default: report/<name of the results folder>)")
+    p_report.add_argument("--out", default=argparse.SUPPRESS,
+                          help="report folder (default: report/<name of the results folder>)")
 
     p_repro = sub.add_parser("reproduce", help="sweep and report for a profile of the paper's experiments",
                              description="Sweep a profile's grid, then write its report.")
@@ -139,6 +142,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                          help="first unpack a report's runs.jsonl.gz into the results folder, where they count as "
                               "finished (e.g. report/<profile>/runs.jsonl.gz, to go on with a committed study on "
                               "another machine); a different result already there is an error, nothing is replaced")
+    p_repro.add_argument("--estimate-only", action="store_true",
+                         help="time the profile's step configurations, print the cost estimate and stop")
     p_repro.add_argument("--no-estimate", dest="estimate", action="store_false",
                          help="start at once, without first timing two training steps of each of the profile's step "
                               "configurations for a cost estimate (the quick profile never times)")
@@ -155,6 +160,11 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # one line, not the tracebacks of every frame and worker
+        resume = " (the same command resumes: finished runs are kept, a killed one restarts from its checkpoint)" \
+            if args.command in ("train", "sweep", "reproduce") else ""
+        print(f"interrupted{resume}", file=sys.stderr)
+        return 130
 
 
 def _sweep_overrides(items: list[str]) -> dict:
@@ -184,7 +194,8 @@ def _dispatch(args) -> int:
         check_output_path(out, "result")
         checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint(out)
         print(f"results -> {out}, checkpoint -> {checkpoint} (a killed run resumes from it)", file=sys.stderr)
-        result = train(cfg, checkpoint=checkpoint, out=out, threads=args.threads)
+        result = train(cfg, checkpoint=checkpoint, checkpoint_interval=args.checkpoint_interval, out=out,
+                       threads=args.threads)
         if result is not None:  # None on DDP ranks other than 0
             write_result(result, out)
             if not args.checkpoint:  # the default one has served its purpose
@@ -197,7 +208,8 @@ def _dispatch(args) -> int:
         print(f"{len(names)} runs done -> {args.out}/runs")
     elif args.command == "report":
         _require("matplotlib", "scipy")
-        out = check_output_folder(args.out or Path("report") / Path(args.results).resolve().name, "report")
+        out = check_output_folder(getattr(args, "out", None) or Path("report") / Path(args.results).resolve().name,
+                                  "report")
         print(f"report -> {_write_report(args.results, out)}")
     elif args.command == "reproduce":
         _require("matplotlib", "scipy")
@@ -217,8 +229,12 @@ def _dispatch(args) -> int:
 
             written = unpack_archive(args.resume_from, out)
             print(f"unpacked {len(written)} runs of {args.resume_from} into {out}/runs", flush=True)
-        if args.estimate and args.profile != "quick":
+        if args.estimate_only and not args.estimate:
+            raise ValueError("--estimate-only and --no-estimate contradict each other")
+        if args.estimate_only or (args.estimate and args.profile != "quick"):
             print(_estimate(grids, out, args.jobs), flush=True)
+        if args.estimate_only:
+            return 0
         start = time.perf_counter()
         names = experiments.sweep(grids, out, jobs=args.jobs)
         print(f"{len(names)} runs in {time.perf_counter() - start:.0f} s -> {out}/runs")

@@ -1,6 +1,8 @@
-"""Progress bars: tqdm's when it is installed (the ``experiments`` extra), else a few plain lines.
+"""Progress bars: tqdm's on a terminal when it is installed (the ``experiments`` extra), else a few plain lines.
 
-A base install (no extras) trains and sweeps without tqdm; the bar is only a display.
+A base install (no extras) trains and sweeps without tqdm; the bar is only a display. When stderr is not a
+terminal (a log file, a pipe, a cluster job) the plain lines are used too: tqdm's carriage-return redraws would
+fill the file with one long line per bar.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ class _Plain:
 
 
 def progress(iterable=None, **kwargs):
-    """``tqdm(iterable, **kwargs)`` if tqdm is installed, else a plain stand-in with the same methods."""
+    """``tqdm(iterable, **kwargs)`` if tqdm is installed and stderr is a terminal, else a plain stand-in with the
+    same methods (one line per tenth of the total)."""
+    if not sys.stderr.isatty():
+        return _Plain(iterable, **kwargs)
     try:
         from tqdm import tqdm
     except ImportError:

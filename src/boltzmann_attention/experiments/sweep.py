@@ -240,7 +240,8 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
         saved = {k: os.environ.get(k) for k in THREAD_VARIABLES}
         os.environ.update({k: str(threads) for k in THREAD_VARIABLES})  # inherited by the spawned children
         try:
-            with _exit_on_sigterm(), mp.get_context("spawn").Pool(jobs) as pool:  # leaving it stops the workers
+            # leaving the pool stops the workers; Ctrl-C reaches the parent only
+            with _exit_on_sigterm(), mp.get_context("spawn").Pool(jobs, _ignore_sigint) as pool:
                 outcomes = list(tqdm(pool.imap_unordered(_run_one, tasks), total=len(tasks), desc="sweep",
                                      unit="run"))
         finally:
@@ -253,6 +254,11 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(tasks)} runs failed:\n" + "\n".join(failures))
     return [t[0] for t in todo]
+
+
+def _ignore_sigint() -> None:
+    """A worker's start: Ctrl-C is the parent's to handle (it stops the pool), not every worker's traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextmanager
