@@ -293,3 +293,18 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(capsys):
         bar.update(1)
     err = capsys.readouterr().err
     assert "\r" not in err and err.splitlines()[0] == "run: 1/20 steps" and err.splitlines()[-1] == "run: 20/20 steps"
+
+
+def test_a_result_of_another_config_is_never_replaced(tmp_path, monkeypatch, capsys):
+    """A full h+J run and a window h+J run share a run name: the second stops before training, the file stays."""
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--T", "6", "--mode", "h+J", "--steps", "2", "--warmup-steps", "0", "--eval-interval", "2",
+            "--d-model", "8", "--d-ff", "8", "--batch-size", "4"]
+    assert cli.main(["train", *tiny]) == 0
+    (path,) = (tmp_path / "results" / "runs").glob("*.json")
+    first = path.read_text()
+    assert cli.main(["train", *tiny, "--coupling", "window", "--coupling-window", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run of another config" in err and "'coupling': ('full', 'window')" in err
+    assert path.read_text() == first
+    assert cli.main(["train", *tiny]) == 0  # the same config again: a rerun of it

@@ -191,3 +191,11 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
     except FileNotFoundError:
         return False
+
+
+def test_a_finished_result_of_another_config_stops_the_sweep_before_any_run(tmp_path):
+    grid = Grid(("brackets",), (4,), modes=("h",), seeds=(0,), overrides=TINY)
+    sweep([grid], tmp_path)
+    other = Grid(("brackets",), (4,), modes=("h",), seeds=(0,), overrides={**TINY, "d_ff": 32})
+    with pytest.raises(ValueError, match=r"holds a run of another config .*'d_ff': \(16, 32\)"):
+        sweep([other], tmp_path, dry_run=True)

@@ -192,6 +192,8 @@ def _dispatch(args) -> int:
         cfg = TrainConfig.build(**{name: getattr(args, name) for name in FIELDS})
         out = Path(args.out if args.out is not None else f"results/runs/{run_name(cfg)}.json")  # where `report` looks
         check_output_path(out, "result")
+        if out.exists():
+            experiments.same_config(out, cfg)  # a result of another config is never replaced
         checkpoint = Path(args.checkpoint) if args.checkpoint else default_checkpoint(out)
         print(f"results -> {out}, checkpoint -> {checkpoint} (a killed run resumes from it)", file=sys.stderr)
         result = train(cfg, checkpoint=checkpoint, checkpoint_interval=args.checkpoint_interval, out=out,

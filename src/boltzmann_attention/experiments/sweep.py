@@ -162,6 +162,17 @@ def _measure_kept(path: Path, kept: Path, analyses: tuple[Analysis, ...]) -> boo
     return True
 
 
+def same_config(path: Path, cfg: TrainConfig) -> None:
+    """ValueError when the finished result at ``path`` was trained with another config than the grid's run of
+    the same name: counting it as finished would report it under this run's name."""
+    saved = TrainConfig.from_dict(json.loads(path.read_text())["config"]).flat()
+    wanted = cfg.flat()
+    if saved != wanted:
+        diff = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
+        raise ValueError(f"{path} holds a run of another config than this run of the same name (recorded, wanted): "
+                         f"{diff}; nothing is replaced: move it aside, or write elsewhere (--out, or a variant)")
+
+
 def _set_aside(path: Path) -> Path:
     """Rename a broken result to ``<name>.json.broken`` (``.broken-2``, ... if taken); nothing is deleted."""
     target = path.with_name(path.name + ".broken")
@@ -206,6 +217,7 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
             if path.exists():
                 found = file_problems(path)
                 if not found:
+                    same_config(path, cfg)
                     skipped += 1
                     if grid.analyses:
                         unmeasured.append((path, grid.analyses))
