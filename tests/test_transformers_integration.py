@@ -233,7 +233,8 @@ def test_loading_an_unconverted_checkpoint_is_refused(tmp_path):
     ({"mode": "h+J+K"}, r"three-body"),
     ({"mode": "sigmoid"}, r"unknown mode"),
     ({"windw": 4}, r"unknown option\(s\) \['windw'\]"),
-    ({"coupling": "window"}, r"coupling_window=W go together"),
+    ({"coupling": "relative", "coupling_range": 3, "method": "banded", "coupling_window": 4},
+     r"coupling_window=W go together"),
     ({"coupling": "window", "coupling_window": 30}, r"W <= 24"),
     ({"mode": "h+J", "method": "nope"}, r"unknown method 'nope'"),
     ({"mode": "h", "coupling": "window", "coupling_window": 4}, r"mode 'h' has no couplings .* would be ignored"),
@@ -268,7 +269,7 @@ class _Module(torch.nn.Module):
         super().__init__()
         torch.manual_seed(3)
         init = {"coupling_init_std": 0.3} if "J" in options["mode"] else {}
-        self.boltzmann = bt.BoltzmannParameters(heads, max_len, {**bt.DEFAULTS, **init, **options}).double()
+        self.boltzmann = bt.BoltzmannParameters(heads, max_len, bt.with_defaults({**init, **options})).double()
         self.is_causal = True
 
 
@@ -419,3 +420,19 @@ def test_copying_a_converted_model_keeps_its_parameters():
     twin = copy.deepcopy(model)
     x = ids()
     torch.testing.assert_close(twin(x).logits, model(x).logits, rtol=0, atol=0)
+
+
+def test_the_defaults_convert_a_model_of_real_length():
+    """GPT-2's 1024 positions: the default couplings are a coupled window of 16 keys (full couplings stop at 24
+    positions), and a mode without couplings stores none."""
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0)
+    assert config.n_positions == 1024
+    model = bt.convert(GPT2LMHeadModel(config))
+    stored = model.config.boltzmann_attention
+    assert (stored["mode"], stored["coupling"], stored["coupling_window"]) == ("h+J", "window", bt.WINDOW)
+    assert torch.isfinite(model(torch.randint(0, VOCAB, (1, 40))).logits).all()
+    stored = bt.convert(GPT2LMHeadModel(config), mode="h").config.boltzmann_attention
+    assert (stored["coupling"], stored["coupling_window"]) == ("full", None)
+    stored = bt.convert(GPT2LMHeadModel(config), coupling="relative", coupling_range=4,
+                        method="banded").config.boltzmann_attention
+    assert stored["coupling_window"] is None

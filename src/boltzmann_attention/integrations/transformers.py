@@ -62,16 +62,20 @@ from .. import ising, modes
 from ..attention import BoltzmannAttention, RelativeCouplings, boltzmann_attention, parameter_groups
 
 __all__ = ["NAME", "OPTIONS", "BoltzmannParameters", "attention_forward", "attention_modules", "convert",
-           "from_pretrained", "parameter_groups", "register"]
+           "from_pretrained", "parameter_groups", "register", "with_defaults"]
 
 NAME = "boltzmann"               # the attn_implementation, in AttentionInterface and AttentionMaskInterface
 CONFIG_KEY = "boltzmann_attention"  # model.config.<CONFIG_KEY>: the options convert() was called with
 ATTRIBUTE = "boltzmann"          # attention_module.<ATTRIBUTE>: its BoltzmannParameters
 
-# convert()'s options: BoltzmannAttention's names, with its defaults
-DEFAULTS = {"mode": "h+J", "coupling": "full", "coupling_window": None, "coupling_window_relative": False,
+# convert()'s options: BoltzmannAttention's names and defaults, except the couplings': a coupled window of 16
+# keys, exact at any sequence length (full couplings enumerate every key: 24 at most, where models have 1024 and
+# more). A mode without couplings takes none of them (UNCOUPLED: the layer's own defaults).
+WINDOW = 16
+DEFAULTS = {"mode": "h+J", "coupling": "window", "coupling_window": WINDOW, "coupling_window_relative": False,
             "coupling_range": None, "method": "exact", "method_options": None, "coupling_init_std": 0.0,
             "field_bias_init": None, "learn_field_bias": True}
+UNCOUPLED = {"coupling": "full", "coupling_window": None}
 OPTIONS = tuple(DEFAULTS)
 # the modes it offers: those with a field bias and no three-body couplings (K has max_len^3 entries per head)
 MODES = modes.Names(lambda m: m.field_bias and not m.three_body)
@@ -287,6 +291,17 @@ def _rolling_window(config, max_len: int) -> int | None:
     return window
 
 
+def with_defaults(options: dict) -> dict:
+    """convert()'s ``options`` with its defaults, as it fills them in: the default coupled window goes with the
+    default coupling only, and a mode without couplings takes the layer's coupling defaults (none apply)."""
+    opts = {**DEFAULTS, **options}
+    if not modes.get(opts["mode"]).couplings:
+        opts.update(UNCOUPLED)
+    elif opts["coupling"] != "window" and "coupling_window" not in options:
+        opts["coupling_window"] = None
+    return opts
+
+
 def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Module]], config=None) -> dict:
     """The options with defaults filled in; ValueError naming the limit and the alternatives."""
     unknown = sorted(set(options) - set(OPTIONS))
@@ -323,6 +338,8 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
         if unused:
             raise ValueError(f"mode {mode!r} has no couplings (sigmoid attention, in closed form), so {unused} would "
                              "be ignored: drop them, or use mode 'h+J'")
+    opts = with_defaults(options)
+    coupling = opts["coupling"]
     if uses_J and coupling in ("full", "relative"):
         record = ising.resolve_method(method)
         limit, most = record.spin_limit(method_options), record.bandwidth_limit(method_options)
@@ -364,7 +381,9 @@ def convert(model: PreTrainedModel, **options) -> PreTrainedModel:
 
     options: BoltzmannAttention's names and defaults: mode ('h', 'J', 'h+J'), coupling ('full', 'relative',
     'window'), coupling_window, coupling_window_relative, coupling_range, method, method_options,
-    coupling_init_std, field_bias_init, learn_field_bias. max_len is the model's max_position_embeddings.
+    coupling_init_std, field_bias_init, learn_field_bias; except that the couplings default to a coupled window
+    of ``WINDOW`` = 16 keys (exact at any length), since full couplings stop at 24 positions. max_len is the
+    model's max_position_embeddings.
     Everything is checked before the model is changed. The options are stored in
     ``model.config.boltzmann_attention`` (save_pretrained writes them; :func:`from_pretrained` reads them)
     and ``model.set_attn_implementation("boltzmann")`` selects :func:`attention_forward`.
