@@ -40,3 +40,27 @@ def test_a_report_without_an_archive_it_reads_says_so(tmp_path):
     with pytest.warns(UserWarning, match=r"reads the archive of profile 'realsize' beside it, and .*realsize"
                                          r"/runs.jsonl.gz does not exist: the rows that come from it are left out"):
         write_report(REPORTS / "priors" / "runs.jsonl.gz", tmp_path / "priors")
+
+
+@pytest.mark.skipif(not ARCHIVES, reason="no committed reports (not a checkout)")
+@pytest.mark.parametrize("name", [a.parent.name for a in ARCHIVES])
+def test_a_committed_study_is_what_its_profiles_run(name, tmp_path):
+    """Every archived run is a run of the profile of the report's name (and of the study's other profiles that
+    can share its folder: those with none of its run names), under the same config (the measurement settings
+    aside): a sweep of them over the unpacked archive counts the archived runs as finished rather than stopping."""
+    from boltzmann_attention.experiments import studies
+    from boltzmann_attention.experiments.results import Results, load_runs, unpack_archive
+    from boltzmann_attention.experiments.sweep import sweep
+
+    archive = REPORTS / name / "runs.jsonl.gz"
+    runs = load_runs(archive)
+    study = studies.study_of(Results(runs))
+    own = studies.profile(name)
+    names = {run for g in own for run, _ in g.runs()}
+    grids = own + [g for profile in getattr(study, "PROFILES", {}) if profile != name
+                   for g in studies.profile(profile) if not names & {run for run, _ in g.runs()}]
+    planned = {run for g in grids for run, _ in g.runs()}
+    assert {r.raw["run"] for r in runs} <= planned
+    unpack_archive(archive, tmp_path)
+    to_run = sweep(grids, tmp_path, dry_run=True)  # a ValueError for an archived run of another config
+    assert not {r.raw["run"] for r in runs} & set(to_run)

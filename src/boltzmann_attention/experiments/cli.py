@@ -133,8 +133,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                          help=f"field bias of the Boltzmann modes (default {DEFAULT_FIELD_BIAS}, chosen by the fair "
                               f"study; {PAPER_FIELD_BIAS} is the paper's energy, which has no bias term)")
     p_repro.add_argument("--init", choices=INITS,
-                         help="the model's initialisation for every run (default: TrainConfig's, gpt2; 'torch' is "
-                              "the recipe of the committed full, fair and sampling studies)")
+                         help="the model's initialisation for every run (default: the profile's own: 'torch' for "
+                              "full, fair and sampling, which keep the first recipe of their committed reports; "
+                              "TrainConfig's gpt2 elsewhere)")
     p_repro.add_argument("--out", help="results folder (default: results/<profile>[-bias-<field bias>][-init-<init>])")
     p_repro.add_argument("--report", help="report folder (default: report/<profile>[-bias-<field bias>][-init-<init>])")
     p_repro.add_argument("--jobs", type=int, default=2, help="parallel processes (default: %(default)s)")

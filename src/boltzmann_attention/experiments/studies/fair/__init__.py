@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from ...plots import figure, finish
-from ...recipes import J_INIT_STD, J_LR_MULTIPLIERS
+from ...recipes import FIRST_RECIPE, J_INIT_STD, J_LR_MULTIPLIERS
 from ...report import ReportContext, header_section, protocol_sections
 from ...results import Group, Results, layer0
 from ...stats import ALPHA, Paired, millinats, paired, points, relative, stat
-from ...sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid
+from ...sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid, with_overrides
 from ...tables import duration, fmt_interval, fmt_stat, md_table, table_with_holm
 
 BOLTZMANN_MODES = ("h", "h+J", "J")
@@ -41,7 +41,8 @@ def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS, decisions: None = None) -> 
     Seeds are paired: a seed fixes the initialisation and the data order for every mode. Stages 2 and 4 use
     ``field_bias`` (the default's variant); their 1x / zero-init counterpart is the bias-study run.
     Variants: ``fair`` (softmax), ``bias-<b>``, ``long``, ``long-bias-<b>``, ``jlr<m>-bias-<b>``,
-    ``jinit<std>-bias-<b>``, each prefixed with NOFFN for the brackets runs without the FFN.
+    ``jinit<std>-bias-<b>``, each prefixed with NOFFN for the brackets runs without the FFN. In the first
+    recipe (``recipes.FIRST_RECIPE``), as committed.
     """
     seeds, T, boltzmann = FAIR_SEEDS, FAIR_T, ("h", "h+J", "J")
     settings = {"shakespeare": ("shakespeare", "", {}), "brackets": ("brackets", "", {}),
@@ -70,7 +71,7 @@ def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS, decisions: None = None) -> 
     grids += bias_study("brackets-noffn", (T,))
     for mode in ("h+J", "J"):
         grids += sensitivity("shakespeare", mode) + sensitivity("brackets-noffn", mode)
-    return grids + bias_study("shakespeare", (8,))
+    return with_overrides(grids + bias_study("shakespeare", (8,)), **FIRST_RECIPE)
 
 
 PROFILES = {"fair": fair_grids}

@@ -16,7 +16,7 @@ import statistics
 from dataclasses import replace
 
 from ....ising.annealing import ANNEAL_OPTIONS, dqa_marginals
-from ...recipes import BEST_LR, CHOSEN_INIT, TRAINING_SAMPLER_OPTIONS
+from ...recipes import BEST_LR, CHOSEN_INIT, FIRST_RECIPE, TRAINING_SAMPLER_OPTIONS
 from ...report import (
     TASK_METRICS,
     ReportContext,
@@ -30,7 +30,7 @@ from ...report import (
 )
 from ...results import Group, Results, mode_rank
 from ...stats import Paired, stat
-from ...sweep import Grid, with_field_bias
+from ...sweep import Grid, with_field_bias, with_overrides
 from ...tables import duration, fmt_comparison, fmt_stat, md_table, table_with_holm
 
 # DQA at the paper's 200 Trotter steps and 5 ns (the defaults of ising.annealing) with its straight-through
@@ -47,7 +47,8 @@ def sampling_grids(field_bias: str, decisions: None = None) -> list[Grid]:
     In the order they run (cheapest first), each after its exact references: DQA-trained h+J at T = 4;
     PT-trained h+J and gradient-free J-only training (Gibbs, nudged) at T = 4; then the rest of the paper's
     DQA grid, T = 6 and 8. Last, variant 'sampling-trotter800': the same 5 ns anneal in 4x finer Trotter steps
-    at T = 6 on Shakespeare, with its own exact references.
+    at T = 6 on Shakespeare, with its own exact references. In the first recipe (``recipes.FIRST_RECIPE``), as
+    committed.
     """
     seeds, both, variant, fine = (0, 1, 2), ("shakespeare", "brackets"), VARIANT, f"{VARIANT}-trotter800"
 
@@ -58,13 +59,13 @@ def sampling_grids(field_bias: str, decisions: None = None) -> list[Grid]:
     def exact(Ts, modes):
         return Grid(both, Ts, modes=modes, seeds=seeds, variant=variant)
 
-    return with_field_bias([
+    return with_overrides(with_field_bias([
         exact((4,), ("softmax", "h+J")), sampled((4,), "h+J", "dqa", DQA_OPTIONS),
         exact((4,), ("J",)), sampled((4,), "h+J", "pt", PT_OPTIONS), sampled((4,), "J", "gibbs", NUDGED_OPTIONS),
         exact((6, 8), ("softmax", "h+J")), sampled((6, 8), "h+J", "dqa", DQA_OPTIONS),
         Grid(("shakespeare",), (6,), modes=("softmax", "h+J"), seeds=seeds, variant=fine),
         Grid(("shakespeare",), (6,), modes=("h+J",), methods=("dqa",), seeds=seeds, variant=fine,
-             overrides={"method_options": {**DQA_OPTIONS, "trotter_steps": 800}})], field_bias)
+             overrides={"method_options": {**DQA_OPTIONS, "trotter_steps": 800}})], field_bias), **FIRST_RECIPE)
 
 
 # DQA in its Boltzmann regime: the calibrated anneal with each of two gradient estimators.
