@@ -436,3 +436,23 @@ def test_the_defaults_convert_a_model_of_real_length():
     stored = bt.convert(GPT2LMHeadModel(config), coupling="relative", coupling_range=4,
                         method="banded").config.boltzmann_attention
     assert stored["coupling_window"] is None
+
+
+def test_the_class_own_from_pretrained_cannot_give_a_softmax_model(tmp_path):
+    """A converted checkpoint records attn_implementation 'boltzmann': the class's own from_pretrained (without
+    the Boltzmann parameters) refuses at the first forward, and, where this package is not imported, at loading."""
+    import subprocess
+    import sys
+
+    model = converted("gpt2", WINDOW).eval()
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(0, VOCAB, (1, 8))
+    plain = GPT2LMHeadModel.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has no Boltzmann parameters"):
+        plain(ids)
+    torch.testing.assert_close(bt.from_pretrained(GPT2LMHeadModel, tmp_path).double().eval()(ids).logits,
+                               model(ids).logits)
+    fresh = subprocess.run([sys.executable, "-c", f"import transformers; "
+                            f"transformers.GPT2LMHeadModel.from_pretrained({str(tmp_path)!r})"],
+                           capture_output=True, text=True)
+    assert fresh.returncode != 0 and 'attn_implementation="boltzmann"' in fresh.stderr

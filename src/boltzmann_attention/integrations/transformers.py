@@ -386,7 +386,10 @@ def convert(model: PreTrainedModel, **options) -> PreTrainedModel:
     model's max_position_embeddings.
     Everything is checked before the model is changed. The options are stored in
     ``model.config.boltzmann_attention`` (save_pretrained writes them; :func:`from_pretrained` reads them)
-    and ``model.set_attn_implementation("boltzmann")`` selects :func:`attention_forward`.
+    and ``model.set_attn_implementation("boltzmann")`` selects :func:`attention_forward`; config.json records
+    that implementation too, so that ``model_class.from_pretrained(path)`` (the class's own, without the
+    Boltzmann parameters) fails at its first forward, or at loading where this package is not imported, rather
+    than returning a softmax model of these weights.
     """
     if not isinstance(model, PreTrainedModel):
         raise ValueError(f"convert() takes a transformers PreTrainedModel, got {type(model).__name__}")
@@ -414,6 +417,10 @@ def convert(model: PreTrainedModel, **options) -> PreTrainedModel:
         module.add_module(ATTRIBUTE, holder)
     setattr(model.config, CONFIG_KEY, dict(opts))
     model.set_attn_implementation(NAME)
+    # saved into config.json, so that the class's own from_pretrained cannot give a softmax model of these
+    # weights: it selects attention "boltzmann", which refuses modules without their Boltzmann parameters (and
+    # is unknown where this package is not imported)
+    model.config.attn_implementation = NAME
     return model
 
 
