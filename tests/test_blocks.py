@@ -1,0 +1,102 @@
+"""The find-the-block task: every answer is unique and a brute-force solver scores 100% on the validation set;
+loss and metrics cover the answer letters only; the validation set is fixed; bad options are refused."""
+
+import math
+
+import pytest
+import torch
+
+from boltzmann_attention.experiments import blocks
+from boltzmann_attention.experiments.blocks import IGNORE, BlockData, answer_metrics, generate, solve, text
+
+
+def test_a_brute_force_solver_scores_100_percent_on_the_validation_set():
+    data = BlockData(blocks.length())
+    x, y = data.val
+    assert x.shape == y.shape == (blocks.VALIDATION_SIZE, blocks.length())
+    answers = solve(x)  # raises unless exactly one block holds every query letter
+    assert torch.equal(answers, y[:, -blocks.BLOCK_SIZE:])
+    fed = torch.cat([x[:, 1:], y[:, -1:]], 1)  # the answer letters are also the inputs after '='
+    assert torch.equal(fed[:, -blocks.BLOCK_SIZE:], answers)
+
+
+@pytest.mark.parametrize("N,L,B,extra", [(5, 2, 10, 0), (4, 1, 3, 7), (6, 3, 20, 0), (3, 3, 2, 2)])
+def test_each_sequence_is_well_formed(N, L, B, extra):
+    T = blocks.length(N, L, B) + extra
+    x, y = generate(300, torch.Generator().manual_seed(1), T, N, L, B)
+    assert x.shape == y.shape == (300, T)
+    for row, target in zip(x, y):
+        chars = text(row)
+        assert chars[:extra] == "_" * extra and "_" not in chars[extra:]
+        body, rest = chars[extra:].split("#")
+        query, answer_start = rest.split("=")
+        parts = body.split(".")
+        assert len(parts) == B and all(len(p) == N == len(set(p)) for p in parts)
+        assert len(query) == L == len(set(query))
+        holders = [p for p in parts if set(query) <= set(p)]
+        assert len(holders) == 1
+        answer = "".join(blocks.SYMBOLS[t] for t in target[target != IGNORE].tolist())
+        assert answer == holders[0] and answer.startswith(answer_start)
+        assert (target[:-N] == IGNORE).all()  # no loss outside the answer
+
+
+def test_the_metrics_are_on_the_answer_letters_only():
+    x, y = generate(8, torch.Generator().manual_seed(2), blocks.length())
+    logits = torch.randn(8, blocks.length(), blocks.VOCAB_SIZE)
+    perfect = logits.clone()
+    answered = y != IGNORE
+    perfect[answered] = -10.0
+    perfect[answered, y[answered]] = 10.0
+    m = answer_metrics(perfect, y)
+    assert m["error"] == 0.0 and m["accuracy"] == 1.0
+    one_wrong = perfect.clone()
+    row, col = 3, blocks.length() - 2
+    one_wrong[row, col, y[row, col]] = -20.0
+    m = answer_metrics(one_wrong, y)
+    assert m["error"] == pytest.approx(1 / 8) and m["accuracy"] == pytest.approx(1 - 1 / (8 * blocks.BLOCK_SIZE))
+    # the loss is the mean cross-entropy over the answer letters, by hand
+    log_p = torch.log_softmax(logits, -1)
+    by_hand = -sum(float(log_p[i, j, y[i, j]]) for i in range(8) for j in range(blocks.length()) if y[i, j] != IGNORE)
+    assert answer_metrics(logits, y)["loss"] == pytest.approx(by_hand / (8 * blocks.BLOCK_SIZE), rel=1e-5)
+    changed = logits.clone()
+    changed[~answered] = torch.randn(int((~answered).sum()), blocks.VOCAB_SIZE)  # outside the answer
+    assert answer_metrics(changed, y) == answer_metrics(logits, y)
+
+
+def test_the_validation_set_is_fixed_and_training_batches_follow_their_generator():
+    torch.manual_seed(123)
+    a = BlockData(blocks.length()).val
+    torch.manual_seed(456)
+    b = BlockData(blocks.length()).val
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+    data = BlockData(blocks.length(), val_size=10)
+    first = data.train_batch(16, torch.Generator().manual_seed(0))
+    again = data.train_batch(16, torch.Generator().manual_seed(0))
+    other = data.train_batch(16, torch.Generator().manual_seed(1))
+    assert torch.equal(first[0], again[0]) and not torch.equal(first[0], other[0])
+
+
+def test_the_chance_level_is_far_below_a_solution():
+    """Guessing the block uniformly gets it right 1 / num_blocks of the time: the task has headroom."""
+    x, y = BlockData(blocks.length(), val_size=500).val
+    guess = torch.randint(blocks.NUM_BLOCKS, (500,), generator=torch.Generator().manual_seed(0))
+    starts = [text(r).lstrip("_").split("#")[0].split(".") for r in x]
+    picked = torch.tensor([[blocks.SYMBOLS.index(c) for c in s[g]] for s, g in zip(starts, guess.tolist())])
+    hit = (picked == y[:, -blocks.BLOCK_SIZE:]).all(-1).float().mean()
+    assert abs(float(hit) - 1 / blocks.NUM_BLOCKS) < 4 * math.sqrt(0.1 * 0.9 / 500)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(T=10), r"T = 10 is too short .* needs T >= 67"),
+    (dict(block_size=0), "block_size must be an integer in"), (dict(block_size=27), "block_size"),
+    (dict(query_size=6), r"query_size must be an integer in \[1, 5\]"), (dict(num_blocks=0), "num_blocks"),
+    (dict(val_size=0), "val_size"), (dict(T=67.0), "T must be an integer"),
+])
+def test_bad_options_are_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BlockData(**{"T": blocks.length(), **kwargs})
+
+
+def test_a_query_no_block_holds_alone_is_an_error():
+    with pytest.raises(ValueError, match="no sequence with a unique block"):
+        generate(4, torch.Generator().manual_seed(0), blocks.length(26, 1, 3), 26, 1, 3)  # each block: every letter
