@@ -100,3 +100,20 @@ def test_bad_options_are_refused_by_name(kwargs, message):
 def test_a_query_no_block_holds_alone_is_an_error():
     with pytest.raises(ValueError, match="no sequence with a unique block"):
         generate(4, torch.Generator().manual_seed(0), blocks.length(26, 1, 3), 26, 1, 3)  # each block: every letter
+
+
+def test_the_task_trains_through_the_config_and_records_its_metrics():
+    from boltzmann_attention.experiments.config import TrainConfig
+    from boltzmann_attention.experiments.train import train
+
+    cfg = TrainConfig.build(task="blocks", T=blocks.length(3, 1, 3), block_size=3, query_size=1, num_blocks=3,
+                            mode="h", steps=30, batch_size=16, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                            eval_interval=15, warmup_steps=0, lr=1e-2)
+    result = train(cfg, progress=False)
+    first, last = result["history"][0], result["history"][-1]
+    assert set(last) >= {"loss", "error", "accuracy"} and last["loss"] < first["loss"]
+    assert result["config"]["data"]["num_blocks"] == 3
+    with pytest.raises(ValueError, match="needs T >= 67"):
+        TrainConfig.build(task="blocks", T=20).validate()
+    with pytest.raises(ValueError, match="num_blocks is an option of task 'blocks' only"):
+        TrainConfig.build(task="shakespeare", num_blocks=4).validate()

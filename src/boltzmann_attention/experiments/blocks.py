@@ -33,7 +33,7 @@ MAX_REDRAWS = 1000
 BLOCK_SIZE, QUERY_SIZE, NUM_BLOCKS = 5, 2, 10
 
 __all__ = ["BLOCK_SIZE", "IGNORE", "NUM_BLOCKS", "QUERY_SIZE", "VALIDATION_SIZE", "VOCAB_SIZE", "BlockData",
-           "answer_metrics", "generate", "length", "solve", "text"]
+           "answer_metrics", "check_options", "generate", "length", "solve", "text"]
 
 
 def length(block_size: int = BLOCK_SIZE, query_size: int = QUERY_SIZE, num_blocks: int = NUM_BLOCKS) -> int:
@@ -41,7 +41,8 @@ def length(block_size: int = BLOCK_SIZE, query_size: int = QUERY_SIZE, num_block
     return num_blocks * (block_size + 1) - 1 + 1 + query_size + 1 + block_size - 1
 
 
-def _check(T: int, block_size: int, query_size: int, num_blocks: int) -> None:
+def check_options(T: int, block_size: int, query_size: int, num_blocks: int) -> None:
+    """ValueError naming an option out of range, or a window T too short for the sequences."""
     for name, value, low, high in (("block_size", block_size, 1, LETTERS), ("query_size", query_size, 1, block_size),
                                    ("num_blocks", num_blocks, 1, None), ("T", T, 1, None)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
@@ -60,7 +61,7 @@ def generate(count: int, generator: torch.Generator, T: int, block_size: int = B
 
     Each block's letters are distinct; the target block and the query's letters are drawn uniformly, and a
     sequence whose query another block also holds is drawn again (ValueError after MAX_REDRAWS rounds)."""
-    _check(T, block_size, query_size, num_blocks)
+    check_options(T, block_size, query_size, num_blocks)
     blocks = torch.empty(count, num_blocks, block_size, dtype=torch.long)
     query = torch.empty(count, query_size, dtype=torch.long)
     target = torch.empty(count, dtype=torch.long)
@@ -137,7 +138,7 @@ class BlockData:
 
     def __init__(self, T: int, block_size: int = BLOCK_SIZE, query_size: int = QUERY_SIZE,
                  num_blocks: int = NUM_BLOCKS, val_size: int = VALIDATION_SIZE):
-        _check(T, block_size, query_size, num_blocks)
+        check_options(T, block_size, query_size, num_blocks)
         if isinstance(val_size, bool) or not isinstance(val_size, int) or val_size < 1:
             raise ValueError(f"val_size must be an integer >= 1, got {val_size!r}")
         self.T, self.options = T, {"block_size": block_size, "query_size": query_size, "num_blocks": num_blocks}

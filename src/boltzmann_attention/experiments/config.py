@@ -29,9 +29,10 @@ from .. import ising, modes
 from ..attention import BoltzmannAttention
 from ..ising.methods import REGISTRY, resolve_method
 from ..validation import LAYER_MODES, SLOT_BIAS_PARAMETRIZATIONS
+from . import blocks
 from . import data as datasets
 
-TASKS = ("shakespeare", "brackets")
+TASKS = ("shakespeare", "brackets", "blocks")
 COUPLINGS = ("full", "relative", "window")
 POSITIONS = ("learned", "rope", "alibi", "none")
 LAYER_POSITION = {"learned": None, "rope": "rope", "alibi": "alibi", "none": None}  # the layer's option
@@ -40,6 +41,7 @@ MAX_SEED = 2**53
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 # The bracket task's options: a Shakespeare run that changes one is refused (it would mean nothing).
 BRACKET_OPTIONS = ("num_fillers", "train_sequences", "min_fill", "max_fill", "open_probability", "deduplicate")
+BLOCK_OPTIONS = ("block_size", "query_size", "num_blocks")  # the find-the-block task's, likewise
 
 
 def option(default, help: str, **metadata):
@@ -62,6 +64,9 @@ class DataConfig:
     open_probability: float = option(0.5, "brackets: probability that the word opens a bracket where it may "
                                           "(higher: deeper nesting)")
     deduplicate: bool = option(False, "brackets: redraw validation and test sequences that occur in the training set")
+    block_size: int = option(5, "blocks: letters per block (N)")
+    query_size: int = option(2, "blocks: query letters (L), all in one block only")
+    num_blocks: int = option(10, "blocks: blocks per sequence (T must hold them: blocks.length(N, L, blocks))")
 
 
 @dataclass
@@ -266,11 +271,13 @@ class TrainConfig:
         for name in ("min_fill", "max_fill", "open_probability"):
             _number(name, getattr(d, name), at_least=0.0, at_most=1.0)
         datasets.word_pairs(d.T, d.min_fill, d.max_fill)  # some word length fits at this T
-        if d.task != "brackets":
-            changed = [n for n in BRACKET_OPTIONS if getattr(d, n) != getattr(DataConfig, n)]
+        for task, names in (("brackets", BRACKET_OPTIONS), ("blocks", BLOCK_OPTIONS)):
+            changed = [n for n in names if getattr(d, n) != getattr(DataConfig, n)] if d.task != task else []
             if changed:
                 raise ValueError(f"{', '.join(changed)} {'is an option' if len(changed) == 1 else 'are options'} "
-                                 f"of task 'brackets' only; task {d.task!r} must keep the default")
+                                 f"of task {task!r} only; task {d.task!r} must keep the default")
+        if d.task == "blocks":
+            blocks.check_options(d.T, d.block_size, d.query_size, d.num_blocks)
         _number("beta2", o.beta2, at_least=0.0)
         if o.beta2 >= 1.0:
             raise ValueError(f"beta2 must lie in [0, 1), got {o.beta2}")

@@ -47,6 +47,7 @@ from ...attention import BoltzmannAttention, parameter_groups
 from ...ising.meanfield import ConvergenceWarning
 from ...positions import SlotBias
 from ...provenance import machine_info
+from .. import blocks
 from .. import data as datasets
 from ..config import TrainConfig, _integer
 from ..model import Model, ModelConfig, loss_fn
@@ -90,6 +91,11 @@ class Task:
             self.data = datasets.ShakespeareData()
             self.vocab_size = self.data.vocab.size
             self.val = self.data.val_windows(cfg.data.T, max_windows=cfg.data.eval_windows)
+        elif cfg.data.task == "blocks":
+            d = cfg.data
+            self.data = blocks.BlockData(d.T, d.block_size, d.query_size, d.num_blocks)
+            self.vocab_size = self.data.vocab_size
+            self.val = self.data.val
         else:
             self.data = datasets.BracketData(
                 cfg.data.T, seed=cfg.seed, num_fillers=cfg.data.num_fillers,
@@ -102,14 +108,17 @@ class Task:
     def batch(self, batch_size: int, generator: torch.Generator):
         if self.cfg.data.task == "shakespeare":
             return self.data.train_batch(batch_size, self.cfg.data.T, generator)
-        return self.data.train_batch(batch_size, generator)
+        return self.data.train_batch(batch_size, generator)  # brackets: from the fixed set; blocks: drawn afresh
 
     @torch.no_grad()
     def evaluate(self, model, split: str = "val", batch_size: int = 256) -> dict:
         """Shakespeare: loss and perplexity over all positions and at the last position only.
         Brackets: loss and accuracy of the position head over closing brackets ('accuracy'), and the
-        fraction of sequences with every closing bracket right ('accuracy_sequence')."""
+        fraction of sequences with every closing bracket right ('accuracy_sequence'). Blocks: loss, exact-match
+        error and per-letter accuracy over the answer letters (:func:`..blocks.answer_metrics`)."""
         x, y = self.val if split == "val" else self.data.test
+        if self.cfg.data.task == "blocks":
+            return blocks.answer_metrics(torch.cat([model(xb) for xb in x.split(batch_size)]), y)
         nll_sum = nll_last = correct = count = whole = 0.0
         for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
             out = model(xb)
@@ -385,7 +394,7 @@ class Unconverged:
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     """The model of ``cfg`` for a vocabulary: its window T, architecture, attention, and the task's head."""
     return ModelConfig(vocab_size=vocab_size, max_len=cfg.data.T, arch=cfg.model, attention=cfg.attention,
-                       head="lm" if cfg.data.task == "shakespeare" else "position")
+                       head="position" if cfg.data.task == "brackets" else "lm")
 
 
 def load_final(path: str | Path) -> tuple[Task, Model]:
