@@ -15,7 +15,8 @@ NAME = "h-half"  # sigmoid(h): the free spin at twice the temperature
 
 @pytest.fixture
 def added(monkeypatch):
-    monkeypatch.setitem(modes.RECORDS, NAME, modes.Mode(NAME, "sigmoid(h)", field_bias=True, weights=torch.sigmoid))
+    monkeypatch.setitem(modes.RECORDS, NAME, modes.Mode(NAME, "sigmoid(h)", field_bias=True,
+                                                               weights=lambda h, J, mask: torch.sigmoid(h)))
     return NAME
 
 

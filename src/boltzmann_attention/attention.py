@@ -229,8 +229,8 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
             scores=(query, key, scale, bias) if uses_field else None, return_weights=return_weights,
             offset=causal_offset, check_couplings=False, **method_options)
     closed_form = modes.RECORDS[mode].weights
-    if closed_form is not None:  # mode h: sigmoid(2h)
-        weights = closed_form(field)
+    if closed_form is not None:  # mode h: sigmoid(2h); h+J-step: sigmoid(2(h + J tanh h))
+        weights = closed_form(field, couplings, mask)
     else:
         spins_mask = None if mask is None else mask.expand(torch.broadcast_shapes(mask.shape, field.shape))
         if isinstance(couplings, ising.toeplitz.Toeplitz):  # one profile per head, (H, 1, w) against (B, H, L)

@@ -23,9 +23,11 @@ class Mode:
     field: the query-key score enters the weights (as the Ising field h, or as softmax's score); couplings:
     pairwise couplings J between keys; three_body: three-body couplings K; field_bias: a learnable field bias
     per head; recency: a learned-recency softmax baseline (:mod:`boltzmann_attention.recency`), offered by the
-    module only; softmax: the weights are SDPA's softmax of the scores; weights: for a closed form, the weights
-    as a function of the field h (..., L, S), before the mask (mode 'h': sigmoid(2h), the marginal of a free
-    spin). A mode with couplings has no closed form: a method computes its marginals.
+    module only; softmax: the weights are SDPA's softmax of the scores; weights: for a closed form,
+    ``weights(h, J, mask)``, the weights from the field h (..., L, S), the couplings J ((H, S, S), or None for a
+    mode without) and the mask ((..., L, S) bool, True where the key takes part, or None), before the mask is
+    applied (mode 'h': sigmoid(2h), the marginal of a free spin). A mode with couplings and no closed form has
+    Ising marginals, which a method computes.
     """
 
     name: str
@@ -36,26 +38,33 @@ class Mode:
     field_bias: bool = False
     recency: bool = False
     softmax: bool = False
-    weights: Callable[[torch.Tensor], torch.Tensor] | None = None
+    weights: Callable | None = None
 
     def __post_init__(self):
-        if self.weights is not None and (self.marginals or self.recency or self.softmax):
-            raise ValueError(f"mode {self.name!r}: a closed form of the field is for a mode without couplings, "
-                             "recency or softmax")
+        if self.weights is not None and (self.three_body or self.recency or self.softmax):
+            raise ValueError(f"mode {self.name!r}: a closed form is for a mode without three-body couplings, recency "
+                             "or softmax")
 
     @property
     def marginals(self) -> bool:
         """Whether its weights are Ising marginals computed by a method (else a closed form or a softmax)."""
-        return self.couplings or self.three_body
+        return (self.couplings or self.three_body) and self.weights is None
 
     @property
     def window(self) -> bool:
-        """Whether it can take the coupled window: pairwise couplings and no three-body terms."""
-        return self.couplings and not self.three_body
+        """Whether it can take the coupled window: Ising marginals of pairwise couplings, no three-body terms."""
+        return self.marginals and not self.three_body
 
 
-def _free_spin(field: torch.Tensor) -> torch.Tensor:
+def _free_spin(field: torch.Tensor, couplings, mask) -> torch.Tensor:
     return torch.sigmoid(2 * field)  # = (tanh(h) + 1) / 2, exact for independent spins
+
+
+def _one_step(field: torch.Tensor, couplings: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """sigmoid(2 (h_j + sum_k J_jk m0_k)), m0 = tanh(h) on the present keys: one mean-field step from the free
+    spins, which mixes neighbouring scores through J and solves no Ising system."""
+    m0 = torch.tanh(field) if mask is None else torch.tanh(field) * mask
+    return torch.sigmoid(2 * (field + m0 @ couplings))  # (..., H, L, S) @ (H, S, S); J symmetric
 
 
 RECORDS: dict[str, Mode] = {m.name: m for m in (
@@ -66,6 +75,8 @@ RECORDS: dict[str, Mode] = {m.name: m for m in (
     Mode("h+J", "Boltzmann attention", couplings=True, field_bias=True),
     Mode("h+K", "three-body couplings", three_body=True, field_bias=True),
     Mode("h+J+K", "pairwise and three-body couplings", couplings=True, three_body=True, field_bias=True),
+    Mode("h+J-step", "one mean-field step from the free spins, sigmoid(2(h + J tanh h)): the control that mixes "
+         "neighbouring scores without Ising inference", couplings=True, field_bias=True, weights=_one_step),
     Mode("fox", "forgetting attention (module only)", recency=True),
     Mode("stickbreaking", "stick-breaking attention (module only)", recency=True),
 )}
@@ -110,7 +121,7 @@ USED_BY = {
     "coupling_range": (None, lambda m: m.couplings),
     "coupling_window": (None, lambda m: m.couplings),
     "coupling_window_relative": (False, lambda m: m.couplings),
-    "coupling_init_std": (0.0, lambda m: m.marginals),
+    "coupling_init_std": (0.0, lambda m: m.couplings or m.three_body),
     "field_bias_init": (None, lambda m: m.field_bias),
     "learn_field_bias": (True, lambda m: m.field_bias),
 }
