@@ -122,31 +122,44 @@ def test_a_finished_run_keeps_its_trained_model_and_it_gives_the_recorded_loss(t
     assert task.evaluate(model) == pytest.approx(recorded, rel=1e-6)
 
 
+def _training_workers(parent, out) -> list[int]:
+    """The pids of a two-job sweep's workers, once both are training (each has written a checkpoint)."""
+    import subprocess
+    import time
+
+    deadline = time.monotonic() + 120
+    while len(list((out / "checkpoints").glob("*.pt"))) < 2:
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.2)
+    return [int(p) for p in subprocess.run(["pgrep", "-P", str(parent.pid), "-f", "spawn_main"],
+                                           capture_output=True, text=True).stdout.split()]
+
+
+def _all_end(workers: list[int]) -> None:
+    import time
+
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in workers):
+        assert time.monotonic() < deadline, "the workers ran on after their sweep ended"
+        time.sleep(0.2)
+
+
 def test_a_killed_sweep_stops_its_workers(tmp_path):
     """SIGTERM to a sweep of two parallel runs ends the workers too, not only the parent."""
     import signal
     import subprocess
     import sys
-    import time
 
     grid = f"Grid(('shakespeare',), (4,), modes=('softmax', 'h'), seeds=(0,), overrides={dict(TINY, steps=10**6)!r})"
     script = (f"from boltzmann_attention.experiments.sweep import Grid, sweep\n"
               f"sweep([{grid}], {str(tmp_path)!r}, jobs=2)")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while len(list((tmp_path / "checkpoints").glob("*.pt"))) < 2:  # both workers are training
-            assert time.monotonic() < deadline and parent.poll() is None
-            time.sleep(0.2)
-        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(parent.pid), "-f", "spawn_main"],
-                                                  capture_output=True, text=True).stdout.split()]
+        workers = _training_workers(parent, tmp_path)
         assert len(workers) == 2
         parent.send_signal(signal.SIGTERM)
         assert parent.wait(timeout=30) != 0
-        deadline = time.monotonic() + 30
-        while any(_alive(p) for p in workers):
-            assert time.monotonic() < deadline, "the workers ran on after their sweep was killed"
-            time.sleep(0.2)
+        _all_end(workers)
     finally:
         parent.kill()
 
@@ -158,29 +171,19 @@ def test_ctrl_c_stops_a_parallel_sweep_in_one_line(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
-    overrides = json.dumps(dict(TINY, steps=10**6))
     command = [sys.executable, "-m", "boltzmann_attention.experiments.cli", "sweep", "--T", "4", "--modes", "softmax",
                "h", "--seeds", "0", "--jobs", "2", "--out", str(tmp_path)]
-    command += ["--set", *[f"{k}={json.dumps(v)}" for k, v in json.loads(overrides).items()]]
+    command += ["--set", *[f"{k}={json.dumps(v)}" for k, v in dict(TINY, steps=10**6).items()]]
     parent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while len(list((tmp_path / "checkpoints").glob("*.pt"))) < 2:  # both workers are training
-            assert time.monotonic() < deadline and parent.poll() is None
-            time.sleep(0.2)
-        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(parent.pid), "-f", "spawn_main"],
-                                                  capture_output=True, text=True).stdout.split()]
+        workers = _training_workers(parent, tmp_path)
         os.killpg(parent.pid, signal.SIGINT)
         _, err = parent.communicate(timeout=60)
         assert parent.returncode == 130
         assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted (the same command")
-        deadline = time.monotonic() + 30
-        while any(_alive(p) for p in workers):
-            assert time.monotonic() < deadline, "the workers ran on after the sweep was interrupted"
-            time.sleep(0.2)
+        _all_end(workers)
     finally:
         parent.kill()
 
