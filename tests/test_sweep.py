@@ -177,7 +177,9 @@ def test_ctrl_c_stops_a_parallel_sweep_in_one_line(tmp_path):
     command += ["--set", *[f"{k}={json.dumps(v)}" for k, v in dict(TINY, steps=10**6).items()]]
     log = tmp_path / "stderr.txt"  # a file, not a pipe: the workers hold their copy of stderr until they end
     with open(log, "w") as err:
-        parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        # a terminal's job: SIGINT at its default (a shell's background job inherits it ignored, as this test may)
+        parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         workers = _training_workers(parent, tmp_path)
         os.killpg(parent.pid, signal.SIGINT)
