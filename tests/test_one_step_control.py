@@ -81,3 +81,17 @@ def test_it_takes_no_method_and_no_window():
         BoltzmannAttention(16, 2, max_len=8, mode="h+J-step", method="banded")
     with pytest.raises(ValueError, match="coupling_window needs a mode"):
         BoltzmannAttention(16, 2, max_len=8, mode="h+J-step", coupling="window", coupling_window=4)
+
+
+def test_convert_takes_full_couplings_of_any_length_for_the_control():
+    """h+J-step solves no Ising system, so method exact's 24-spin limit does not apply to its full couplings."""
+    transformers = pytest.importorskip("transformers")
+    from boltzmann_attention.integrations import transformers as bt
+
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64, vocab_size=20, bos_token_id=0,
+                                     eos_token_id=0)
+    model = bt.convert(transformers.GPT2LMHeadModel(config), mode="h+J-step", coupling="full",
+                       coupling_init_std=0.1)
+    assert torch.isfinite(model(torch.randint(0, 20, (1, 40))).logits).all()
+    with pytest.raises(ValueError, match="more than its limit of 24"):
+        bt.convert(transformers.GPT2LMHeadModel(config), mode="h+J", coupling="full")

@@ -340,7 +340,7 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
                              "be ignored: drop them, or use mode 'h+J'")
     opts = with_defaults(options)
     coupling = opts["coupling"]
-    if uses_J and coupling in ("full", "relative"):
+    if modes.RECORDS[mode].marginals and coupling in ("full", "relative"):  # a method solves them: its limits
         record = ising.resolve_method(method)
         limit, most = record.spin_limit(method_options), record.bandwidth_limit(method_options)
         if limit is not None and max_len > limit:

@@ -63,16 +63,16 @@ class Method:
 
     def spin_limit(self, options: dict) -> int | None:
         """The most spins one query may enumerate with these options (None: any number)."""
-        if self.max_spins is None:
-            return None
-        return options.get("max_spins", self.max_spins) if "max_spins" in self.options else self.max_spins
+        return self._limit("max_spins", options)
 
     def bandwidth_limit(self, options: dict) -> int | None:
         """The widest band of couplings solved with these options (None: the method needs no band)."""
-        if self.max_bandwidth is None:
-            return None
-        return options.get("max_bandwidth", self.max_bandwidth) if "max_bandwidth" in self.options \
-            else self.max_bandwidth
+        return self._limit("max_bandwidth", options)
+
+    def _limit(self, name: str, options: dict) -> int | None:
+        """The record's number ``name``, moved by the option of that name when the method takes it."""
+        default = getattr(self, name)
+        return options.get(name, default) if default is not None and name in self.options else default
 
     def validate(self, options: dict) -> None:
         """ValueError for options that are not a dict, an option the method does not take, or a bad value."""
