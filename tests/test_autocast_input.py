@@ -10,7 +10,7 @@ CASES = {
     "softmax": dict(mode="softmax"), "h": dict(mode="h"), "h+J": dict(mode="h+J", coupling_init_std=0.1),
     "J": dict(mode="J", coupling_init_std=0.1), "h+K": dict(mode="h+K", coupling_init_std=0.1),
     "h+J+K": dict(mode="h+J+K", coupling_init_std=0.1), "fox": dict(mode="fox"),
-    "stickbreaking": dict(mode="stickbreaking"),
+    "stickbreaking": dict(mode="stickbreaking"), "mta": dict(mode="mta"),
     "window": dict(mode="h+J", coupling="window", coupling_window=4, coupling_init_std=0.1),
     "relative banded": dict(mode="h+J", coupling="relative", coupling_range=3, method="banded", coupling_init_std=0.1),
     "h rope slot bias": dict(mode="h", position="rope", slot_bias=4),

@@ -47,6 +47,7 @@ LAYERS = {
     "h-slot": dict(mode="h", slot_bias=4),
     "fox": dict(mode="fox"),
     "stickbreaking": dict(mode="stickbreaking"),
+    "mta": dict(mode="mta"),
 }
 
 

@@ -134,6 +134,7 @@ def test_half_precision_is_computed_in_float32():
 # ------------------------------------------------------------------------------------ the module's options
 
 from boltzmann_attention import BoltzmannAttention  # noqa: E402
+from boltzmann_attention.mta import multi_token_attention  # noqa: E402
 from boltzmann_attention.naive import naive_boltzmann_attention  # noqa: E402
 
 LAYERS = {  # name: BoltzmannAttention options (besides the prior)
@@ -143,6 +144,7 @@ LAYERS = {  # name: BoltzmannAttention options (besides the prior)
     "window": dict(mode="h+J", coupling="window", coupling_window=3, coupling_init_std=0.5),
     "fox": dict(mode="fox"),
     "stickbreaking": dict(mode="stickbreaking"),
+    "mta": dict(mode="mta"),
 }
 PRIORS = {"none": {}, "rope": dict(position="rope"), "alibi": dict(position="alibi"), "slot": dict(slot_bias=3),
           "alibi+slot": dict(position="alibi", slot_bias=2)}
@@ -151,9 +153,10 @@ PRIORS = {"none": {}, "rope": dict(position="rope"), "alibi": dict(position="ali
 def _layer(options, prior, seed=0):
     torch.manual_seed(seed)
     layer = BoltzmannAttention(8, 2, max_len=6, **options, **PRIORS[prior]).double()
-    if layer.slot_bias is not None:
-        with torch.no_grad():
-            layer.slot_bias.weight.normal_()
+    with torch.no_grad():
+        for part in (layer.slot_bias, layer.kernel):
+            if part is not None:
+                part.weight.normal_()
     return layer
 
 
@@ -183,6 +186,8 @@ def _by_hand(layer, x):
                          prior)
     elif layer.mode == "stickbreaking":
         out = _naive_stickbreaking(q, k, v, 0.5, False, prior)
+    elif layer.mode == "mta":  # tested against its definition by loops in test_mta
+        out = multi_token_attention(q, k, v, layer.kernel.weight, bias=prior)
     else:
         J = layer.couplings(L) if layer.couplings is not None else None
         out = naive_boltzmann_attention(q, k, v, J, is_causal=True, bias=layer.field_bias.view(-1, 1, 1) + prior,

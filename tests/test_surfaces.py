@@ -53,7 +53,7 @@ def test_recency_modes_refuse_nan_and_inf_like_every_other_mode(mode, bad):
 
 CACHED = {"h+J": dict(mode="h+J"), "window": dict(mode="h+J", coupling="window", coupling_window=3),
           "h": dict(mode="h"), "softmax": dict(mode="softmax"), "fox": dict(mode="fox"),
-          "stickbreaking": dict(mode="stickbreaking")}
+          "stickbreaking": dict(mode="stickbreaking"), "mta": dict(mode="mta")}
 
 
 @pytest.mark.parametrize("name", sorted(CACHED))

@@ -276,6 +276,7 @@ LAYER_CONFIGS = {
     "window": {"mode": "h+J", "coupling": "window", "coupling_window": 3},
     "fox": {"mode": "fox"},
     "stickbreaking": {"mode": "stickbreaking"},
+    "mta": {"mode": "mta"},
     "h+J rope": {"mode": "h+J", "position": "rope"},
     "softmax alibi": {"mode": "softmax", "position": "alibi"},
     "h slot_bias": {"mode": "h", "slot_bias": 3},

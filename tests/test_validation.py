@@ -61,8 +61,8 @@ REFUSED = {
     "max_spins -1": (dict(method_options={"max_spins": -1}), dict(method_options={"max_spins": -1}), "max_spins"),
     "unknown option": (dict(method_options={"bogus": 1}), dict(method_options={"bogus": 1}), "bogus"),
     "method_options not a dict": (dict(method_options=[1]), dict(method_options=[1]), "must be a dict"),
-    # the module also has the recency modes, which the functional form does not: its list names them
-    "unknown mode": (dict(mode="h+Q"), None, "'fox', 'stickbreaking')"),
+    # the module also has the module-only modes, which the functional form does not: its list names them
+    "unknown mode": (dict(mode="h+Q"), None, "'fox', 'stickbreaking', 'mta')"),
     "unknown method": (dict(method="magic"), dict(method="magic"), "unknown method"),
 }
 

@@ -31,10 +31,10 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from . import coupled_window, ising, modes, recency
 from .couplings import FullCouplings, RelativeCouplings, ThreeBodyCouplings, WindowCouplings
+from .mta import KeyQueryKernel, multi_token_attention
 from .positions import SlotBias, alibi_bias, alibi_slopes, rotary
 from .validation import (
     MODES,
-    RECENCY_MODES,
     check_call,
     check_layer_options,
     check_layer_sizes,
@@ -275,7 +275,10 @@ class BoltzmannAttention(nn.Module):
     -sum_b P_ab of a pair table P parametrised as the coupled window's J, without its interaction term
     (:class:`~boltzmann_attention.positions.SlotBias`). Modes 'fox' (forgetting attention, with a per-head forget gate
     Linear(embed_dim, num_heads) initialised like the other projections) and 'stickbreaking' are the learned-
-    recency baselines of :mod:`boltzmann_attention.recency`; they are causal and take no coupling options.
+    recency baselines of :mod:`boltzmann_attention.recency`; mode 'mta' is multi-token attention's key-query
+    convolution of the scores before the softmax (:mod:`boltzmann_attention.mta`), with a kernel of
+    ``mta_kernel_queries`` x ``mta_kernel_keys`` (default 2 x 9, its authors' toy-task setting) at identity.
+    These three are causal and take no coupling options.
 
     Decoding: ``forward(x, cache={})`` keeps the keys and values in the dict and attends the next positions to
     them (SDPA's bottom-right alignment); token by token it gives the full forward's rows. Dtypes: the module
@@ -291,7 +294,7 @@ class BoltzmannAttention(nn.Module):
                  field_bias_init: float | None = None, learn_field_bias: bool = True,
                  bias: bool = True, method_options: dict | None = None, coupling_window: int | None = None,
                  coupling_window_relative: bool = False, position: str | None = None, slot_bias: int | None = None,
-                 slot_bias_parametrization: str = "direct"):
+                 slot_bias_parametrization: str = "direct", mta_kernel_queries: int = 2, mta_kernel_keys: int = 9):
         super().__init__()
         check_layer_sizes(embed_dim, num_heads, max_len, coupling_init_std, field_bias_init)
         check_layer_options(mode, method, method_options, causal=causal, head_dim=embed_dim // num_heads,
@@ -299,7 +302,8 @@ class BoltzmannAttention(nn.Module):
                             coupling_window_relative=coupling_window_relative, coupling_range=coupling_range,
                             position=position, slot_bias=slot_bias,
                             slot_bias_parametrization=slot_bias_parametrization, coupling_init_std=coupling_init_std,
-                            field_bias_init=field_bias_init, learn_field_bias=learn_field_bias, bias=bias)
+                            field_bias_init=field_bias_init, learn_field_bias=learn_field_bias, bias=bias,
+                            mta_kernel_queries=mta_kernel_queries, mta_kernel_keys=mta_kernel_keys)
         record = modes.RECORDS[mode]
         uses_field, uses_J, uses_K = record.field, record.couplings, record.three_body
         if coupling_range is None:
@@ -330,6 +334,7 @@ class BoltzmannAttention(nn.Module):
         self.position = position
         self.slot_bias = SlotBias(num_heads, slot_bias, slot_bias_parametrization) if slot_bias is not None else None
         self.forget_gate = nn.Linear(embed_dim, num_heads) if mode == "fox" else None
+        self.kernel = KeyQueryKernel(num_heads, mta_kernel_queries, mta_kernel_keys) if record.convolution else None
 
         self.field_bias = None
         if record.field_bias:
@@ -358,7 +363,8 @@ class BoltzmannAttention(nn.Module):
 
     def _check_cache(self, cache: dict, x: Tensor) -> None:
         """ValueError unless ``cache`` is this layer's, from earlier calls with x's batch size and device."""
-        expected = {"owner", "key", "value"} | ({"log_forget"} if self.mode == "fox" else set())
+        expected = {"owner", "key", "value"} | ({"log_forget"} if self.mode == "fox" else set()) \
+            | ({"query"} if self.kernel is not None else set())
         owner = cache.get("owner")
         if not isinstance(owner, weakref.ref) or owner() is not self:
             raise ValueError("cache holds another layer's keys (or was filled by hand): give each layer its own dict, "
@@ -380,7 +386,8 @@ class BoltzmannAttention(nn.Module):
         (B, H, L, S) or None).
 
         cache: a dict, empty at the first call, for decoding: the keys and values of the earlier calls (after
-        the rotary embedding; with mode 'fox' also the forget gates) are kept in it, and x holds the next L
+        the rotary embedding; with mode 'fox' also the forget gates, with mode 'mta' the last queries its
+        convolution reads) are kept in it, and x holds the next L
         positions, which attend to every cached position and, causally, to each other (SDPA's bottom-right
         alignment). Token by token this gives the rows of the full forward over the whole sequence. The dict
         belongs to the layer that filled it (it keeps a weak reference to it under "owner"): another layer's
@@ -405,23 +412,36 @@ class BoltzmannAttention(nn.Module):
             positions = torch.arange(past, S, device=x.device)
             q, k = rotary(q, positions), rotary(k, positions)
         log_forget = F.logsigmoid(self.forget_gate(x)).transpose(1, 2) if self.mode == "fox" else None  # (B, H, L)
+        rows = q  # mta: the queries its convolution reads, the cached ones before these
         if cache is not None:
+            extra = {}
             if past:
                 k, v = torch.cat([cache["key"], k], dim=-2), torch.cat([cache["value"], v], dim=-2)
                 if log_forget is not None:
                     log_forget = torch.cat([cache["log_forget"], log_forget], dim=-1)
-            cache.update(owner=weakref.ref(self), key=k, value=v,
-                         **({"log_forget": log_forget} if log_forget is not None else {}))
+                if self.kernel is not None:
+                    rows = torch.cat([cache["query"], q], dim=-2)
+            if log_forget is not None:
+                extra["log_forget"] = log_forget
+            if self.kernel is not None:
+                extra["query"] = rows[..., rows.shape[-2] - min(rows.shape[-2], self.kernel.weight.shape[1] - 1):, :]
+            cache.update(owner=weakref.ref(self), key=k, value=v, **extra)
         prior = self._position_bias(L, S, x.dtype)  # (H, L, S) or None
-        if self.mode in RECENCY_MODES:
+        if modes.RECORDS[self.mode].module_only:
             check_values("softmax", q, k, None, () if log_forget is None else (("the forget gate", log_forget),))
             if key_padding_mask is not None:
-                raise ValueError(f"mode {self.mode!r} takes no key_padding_mask (its recency runs over every key)")
+                raise ValueError(f"mode {self.mode!r} takes no key_padding_mask (it runs over every key before the "
+                                 "query)")
             bias = 0.0 if prior is None else prior
             if self.mode == "fox":
                 result = recency.forgetting_attention(q, k, v, log_forget, bias=bias, return_weights=need_weights)
-            else:
+            elif self.mode == "stickbreaking":
                 result = recency.stickbreaking_attention(q, k, v, bias=bias, return_weights=need_weights)
+            else:  # the cached queries' rows are computed for the convolution and dropped
+                prior_rows = bias if prior is None else F.pad(prior, (0, 0, rows.shape[-2] - L, 0))
+                result = multi_token_attention(rows, k, v, self.kernel.weight, bias=prior_rows,
+                                               return_weights=need_weights)
+                result = tuple(r[..., -L:, :] for r in result) if need_weights else result[..., -L:, :]
             out, weights = result if need_weights else (result, None)
             return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
         attn_mask = None

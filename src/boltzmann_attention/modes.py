@@ -23,11 +23,12 @@ class Mode:
     field: the query-key score enters the weights (as the Ising field h, or as softmax's score); couplings:
     pairwise couplings J between keys; three_body: three-body couplings K; field_bias: a learnable field bias
     per head; recency: a learned-recency softmax baseline (:mod:`boltzmann_attention.recency`), offered by the
-    module only; softmax: the weights are SDPA's softmax of the scores; weights: for a closed form,
-    ``weights(h, J, mask)``, the weights from the field h (..., L, S), the couplings J ((H, S, S), or None for a
-    mode without) and the mask ((..., L, S) bool, True where the key takes part, or None), before the mask is
-    applied (mode 'h': sigmoid(2h), the marginal of a free spin). A mode with couplings and no closed form has
-    Ising marginals, which a method computes.
+    module only; convolution: a softmax of scores mixed by a learned key-query convolution
+    (:mod:`boltzmann_attention.mta`), module only; softmax: the weights are SDPA's softmax of the scores; weights:
+    for a closed form, ``weights(h, J, mask)``, the weights from the field h (..., L, S), the couplings J
+    ((H, S, S), or None for a mode without) and the mask ((..., L, S) bool, True where the key takes part, or
+    None), before the mask is applied (mode 'h': sigmoid(2h), the marginal of a free spin). A mode with couplings
+    and no closed form has Ising marginals, which a method computes.
     """
 
     name: str
@@ -37,13 +38,19 @@ class Mode:
     three_body: bool = False
     field_bias: bool = False
     recency: bool = False
+    convolution: bool = False
     softmax: bool = False
     weights: Callable | None = None
 
     def __post_init__(self):
-        if self.weights is not None and (self.three_body or self.recency or self.softmax):
-            raise ValueError(f"mode {self.name!r}: a closed form is for a mode without three-body couplings, recency "
-                             "or softmax")
+        if self.weights is not None and (self.three_body or self.module_only or self.softmax):
+            raise ValueError(f"mode {self.name!r}: a closed form is for a mode without three-body couplings, recency, "
+                             "convolution or softmax")
+
+    @property
+    def module_only(self) -> bool:
+        """Whether only the module offers it (its parameters are the module's: a forget gate, a kernel)."""
+        return self.recency or self.convolution
 
     @property
     def marginals(self) -> bool:
@@ -79,6 +86,8 @@ RECORDS: dict[str, Mode] = {m.name: m for m in (
          "neighbouring scores without Ising inference", couplings=True, field_bias=True, weights=_one_step),
     Mode("fox", "forgetting attention (module only)", recency=True),
     Mode("stickbreaking", "stick-breaking attention (module only)", recency=True),
+    Mode("mta", "multi-token attention: softmax of the scores convolved over neighbouring keys and queries (module "
+         "only)", convolution=True),
 )}
 
 class Names(Sequence):
@@ -108,7 +117,7 @@ class Names(Sequence):
 
 
 LAYER_MODES = Names(lambda m: True)
-MODES = Names(lambda m: not m.recency)
+MODES = Names(lambda m: not m.module_only)
 RECENCY_MODES = Names(lambda m: m.recency)
 WINDOW_MODES = Names(lambda m: m.window)
 
@@ -124,6 +133,8 @@ USED_BY = {
     "coupling_init_std": (0.0, lambda m: m.couplings or m.three_body),
     "field_bias_init": (None, lambda m: m.field_bias),
     "learn_field_bias": (True, lambda m: m.field_bias),
+    "mta_kernel_queries": (2, lambda m: m.convolution),
+    "mta_kernel_keys": (9, lambda m: m.convolution),
 }
 
 

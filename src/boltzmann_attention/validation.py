@@ -245,9 +245,10 @@ def check_layer_options(mode: str, method, method_options: dict | None, *, causa
                         position: str | None = None, slot_bias: int | None = None,
                         slot_bias_parametrization: str = "direct", coupling_init_std: float = 0.0,
                         field_bias_init: float | None = None, learn_field_bias: bool = True,
-                        bias: bool = True) -> None:
-    """:func:`check_options` for the module, which also takes the recency modes ('fox', 'stickbreaking': softmax
-    variants without couplings or marginals), a position scheme (None, 'rope' or 'alibi'), ``slot_bias`` (None
+                        bias: bool = True, mta_kernel_queries: int = 2, mta_kernel_keys: int = 9) -> None:
+    """:func:`check_options` for the module, which also takes the module-only modes (the recency modes 'fox' and
+    'stickbreaking', and 'mta' with its kernel of ``mta_kernel_queries`` x ``mta_kernel_keys``: softmax variants
+    without couplings or marginals), a position scheme (None, 'rope' or 'alibi'), ``slot_bias`` (None
     or the number W >= 1 of slots with a learned bias) and its ``slot_bias_parametrization`` (one of
     SLOT_BIAS_PARAMETRIZATIONS; only with a slot bias). An option the mode does not use (its record in
     :mod:`.modes`) must keep its default: it would be ignored."""
@@ -258,11 +259,16 @@ def check_layer_options(mode: str, method, method_options: dict | None, *, causa
     _refuse_unused(mode, method=method, method_options=method_options, coupling=coupling,
                    coupling_range=coupling_range, coupling_window=coupling_window,
                    coupling_window_relative=coupling_window_relative, coupling_init_std=coupling_init_std,
-                   field_bias_init=field_bias_init, learn_field_bias=learn_field_bias)
-    if record.recency:
+                   field_bias_init=field_bias_init, learn_field_bias=learn_field_bias,
+                   mta_kernel_queries=mta_kernel_queries, mta_kernel_keys=mta_kernel_keys)
+    if record.recency and not causal:
+        raise ValueError(f"mode {mode!r} is causal only (a learned recency over the keys before the query)")
+    if record.convolution:
+        check_int("mta_kernel_queries", mta_kernel_queries, 1)
+        check_int("mta_kernel_keys", mta_kernel_keys, 1)
         if not causal:
-            raise ValueError(f"mode {mode!r} is causal only (a learned recency over the keys before the query)")
-    else:
+            raise ValueError(f"mode {mode!r} is causal only (its convolution reads the query's predecessors)")
+    if not record.module_only:
         check_options(mode, method, method_options, causal=causal, coupling=coupling, coupling_window=coupling_window,
                       coupling_window_relative=coupling_window_relative, coupling_range=coupling_range)
     if position is not None:

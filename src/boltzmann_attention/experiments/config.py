@@ -86,8 +86,9 @@ class AttentionConfig:
     """BoltzmannAttention's keyword options, by the same names (the layer checks them, once)."""
 
     mode: str = option("h+J", "attention mode (softmax; h: sigmoid attention; J: couplings only; h+J: Boltzmann "
-                              "attention; h+K, h+J+K: three-body couplings; fox, stickbreaking: learned-recency "
-                              "softmax baselines)", choices=LAYER_MODES)
+                              "attention; h+K, h+J+K: three-body couplings; h+J-step: one mean-field step; fox, "
+                              "stickbreaking: learned-recency softmax baselines; mta: multi-token attention's "
+                              "key-query convolution)", choices=LAYER_MODES)
     method: str = option("exact", "how the marginals are computed (see the README's methods table)")
     method_options: dict = option({}, "JSON object of options for the marginal method, e.g. '{\"bandwidth\": 4}'")
     coupling: str = option("full", "full: a free J for every pair of positions; relative: J = f(|j - k|); window: "
@@ -105,6 +106,9 @@ class AttentionConfig:
                                                       "the per-slot field -sum_b P_ab of a pair table P, "
                                                       "parametrised as the coupled window's J)",
                                             choices=SLOT_BIAS_PARAMETRIZATIONS)
+    mta_kernel_queries: int = option(2, "mta: the convolution's extent over queries (the query and its "
+                                        "predecessors)")
+    mta_kernel_keys: int = option(9, "mta: the convolution's extent over keys, centred on the key")
 
 
 @dataclass
