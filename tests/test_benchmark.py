@@ -168,7 +168,8 @@ def test_bad_values_are_refused_before_any_work(argv, monkeypatch, capsys):
     assert re.search(rf"argument {re.escape(flag)}\b.*(must be >= 1|expected an integer >= 1)", err), err
 
 
-COMMAND_FUNCTIONS = ("methods", "steps", "approximations", "window", "banded", "grid-throughput", "dqa-calibration")
+COMMAND_FUNCTIONS = ("methods", "steps", "approximations", "window", "banded", "relative-steps", "grid-throughput",
+                     "dqa-calibration")
 
 
 def test_threads_zero_exits_at_once_in_a_fresh_process():
@@ -314,6 +315,20 @@ def test_steps_smoke_run_of_the_papers_model(capsys, tmp_path):
     rows = _table_rows(out, "| T | softmax ms | h ms | h+J ms | h vs softmax | h+J vs softmax |")
     assert len(rows) == 1 and rows[0].startswith("| 4 | ")
     assert [r["T"] for r in json.loads((tmp_path / "s.json").read_text())["steps"]] == [4]
+
+
+def test_relative_steps_smoke_run_states_each_ratio_against_its_target(capsys, tmp_path):
+    out = _bench(capsys, "relative-steps", "--sizes", "72", "--ranges", "4", "3", "--batch", "2", "--layers", "1",
+                 "--steps", "1", "--rounds", "1", "--json", str(tmp_path / "r.json"))
+    assert out.startswith("Machine: ") and "(1 layer, 2 heads, d_model 64, batch 2, RoPE)" in out
+    rows = _table_rows(out, "| T | h-rope ms | relative 4 ms | relative 4 / h-rope (target) | relative 3 ms | "
+                            "relative 3 / h-rope (target) |")
+    saved = json.loads((tmp_path / "r.json").read_text())["relative_steps"][0]
+    ratio = saved["relative 4"] / saved["h-rope"]
+    verdict = "met" if ratio <= 2.5 else "missed"
+    assert rows == [f"| 72 | {1e3 * saved['h-rope']:.1f} | {1e3 * saved['relative 4']:.1f} | {ratio:.2f}x "
+                    f"({verdict}: <= 2.5x) | {1e3 * saved['relative 3']:.1f} | "
+                    f"{saved['relative 3'] / saved['h-rope']:.2f}x |"]  # range 3 has no target
 
 
 def test_steps_smoke_run_of_a_profile(capsys):

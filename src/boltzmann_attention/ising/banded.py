@@ -613,6 +613,9 @@ class _Scaled:
         batch, and copying it costs more than the dispatches (measured)."""
         split, R = self._split(x, a), self.R
         out = x.new_empty(x.shape[0], R, self.T, a) if out is None else out
+        if R == 1:  # (w = k) one state index: every lane's split is one batch
+            torch.bmm(tables, split[:, 0], out=out[:, 0])
+            return out
         for lane in range(x.shape[0]):
             torch.bmm(tables[lane * R:(lane + 1) * R], split[lane], out=out[lane])
         return out
@@ -674,6 +677,11 @@ class _Scaled:
             back = self.blocks_back[b]                               # (L R, O, T)
             into = self._split(beta, a)
             dinto = self._split(dbeta, a) if self.tangent is not None else None
+            if R == 1:
+                into[:, 0].copy_(torch.bmm(back, v[:, 0]))
+                if dinto is not None:
+                    dinto[:, 0].copy_(torch.bmm(back, dv[:, 0]))
+                return joint
             for lane in range(L):
                 torch.bmm(back[lane * R:(lane + 1) * R], v[lane], out=into[lane])
                 if dinto is not None:

@@ -5,6 +5,7 @@
     boltzmann-attention-bench approximations [--only accuracy | scaling] [--plot PNG] [--json PATH]
     boltzmann-attention-bench window [--T N] [--B N] [--W N] [--threads N ...] [--repeats N]
     boltzmann-attention-bench banded [--baseline COMMIT] [--T N] [--heads N] [--d-model N]
+    boltzmann-attention-bench relative-steps [--sizes T ...] [--ranges b ...] [--batch N] [--layers N]
     boltzmann-attention-bench grid-throughput --before CHECKOUT [--after CHECKOUT] [--profile NAME]
     boltzmann-attention-bench dqa-calibration DIR [--quick]
 
@@ -121,6 +122,23 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--heads", type=positive_int, default=1, help="heads of both layers (default: %(default)s)")
             p.add_argument("--d-model", type=positive_int, default=64,
                            help="model width of both layers (default: %(default)s)")
+
+    p = _command(sub, "relative-steps", "training steps of the find-the-block model: h+J with relative couplings "
+                                        "(exact by method 'banded') against h-rope, interleaved, with the speed "
+                                        "targets (range 4 <= 2.5x, range 6 <= 4x)")
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=[128, 256], help="windows T (default: 128 256)")
+    p.add_argument("--ranges", type=positive_int, nargs="+", default=[4, 6],
+                   help="coupling ranges b (default: 4 6)")
+    p.add_argument("--batch", type=positive_int, default=32, help="batch size (default: %(default)s)")
+    p.add_argument("--layers", type=positive_int, default=2, help="transformer blocks (default: %(default)s)")
+    p.add_argument("--heads", type=positive_int, default=2, help="attention heads (default: %(default)s)")
+    p.add_argument("--d-model", type=positive_int, default=64, help="model width (default: %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=3,
+                   help="steps per configuration and round (default: %(default)s)")
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="interleaved rounds over the configurations (default: %(default)s)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows to this JSON file (default: none)")
 
     p = _command(sub, "grid-throughput", "the time a profile's grid spends in training steps, in two source trees "
                                          "side by side (two processes at once, one thread each)")
@@ -290,6 +308,19 @@ def run_window(args) -> None:
     print("\n".join(layers.window_errors(args.T)))
 
 
+def run_relative_steps(args) -> None:
+    stamp = machine_stamp(args.threads)
+    rows = training.relative_step_rows(sizes=args.sizes, ranges=args.ranges, steps=args.steps, rounds=args.rounds,
+                                       threads=args.threads, batch=args.batch, layers=args.layers, heads=args.heads,
+                                       d_model=args.d_model)
+    print(stamp_line(stamp))
+    print(f"Training step of the find-the-block model ({plural(args.layers, 'layer')}, "
+          f"{plural(args.heads, 'head')}, d_model {args.d_model}, batch {args.batch}, RoPE), median of "
+          f"{plural(args.rounds, 'interleaved round')} of {plural(args.steps, 'step')}, wall ms:\n")
+    print(training.relative_step_table(rows))
+    _write_json(args.json, {"machine": stamp, "relative_steps": rows})
+
+
 def run_grid_throughput(args) -> None:
     print(training.grid_throughput_report(args.profile, args.before, args.after, args.steps, args.rounds,
                                           machine_stamp(1)))
@@ -301,7 +332,8 @@ def run_dqa_calibration(args) -> None:
 
 
 COMMANDS = {"methods": run_methods, "steps": run_steps, "approximations": run_approximations, "window": run_window,
-            "banded": run_window, "grid-throughput": run_grid_throughput, "dqa-calibration": run_dqa_calibration}
+            "banded": run_window, "relative-steps": run_relative_steps, "grid-throughput": run_grid_throughput,
+            "dqa-calibration": run_dqa_calibration}
 
 
 def main(argv=None) -> None:

@@ -9,6 +9,7 @@ or two processes at once for two trees), so its ratios are side by side on a sha
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -148,6 +149,48 @@ def timing_table(times: dict[str, list[float]], reference: str = "softmax") -> s
         m = statistics.median(values)
         ratio = f"{m / ref:6.1f}" if ref else ""
         lines.append(f"{name:<{width}} {1000 * m:8.1f} ({1000 * min(values):.1f}-{1000 * max(values):.1f}) {ratio}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------- relative couplings (banded) against h-rope, per step
+
+RELATIVE_TARGETS = {4: 2.5, 6: 4.0}  # coupling range: the largest step time accepted, relative to h-rope's
+
+
+def relative_step_configs(T: int, ranges=tuple(RELATIVE_TARGETS), batch: int = 32, layers: int = 2, heads: int = 2,
+                          d_model: int = 64) -> dict[str, TrainConfig]:
+    """The find-the-block task's step at window T: h-rope (sigmoid attention with RoPE, field bias -log T)
+    and h+J with relative couplings of each range b, exact by method 'banded', with RoPE."""
+    base = dict(task="blocks", T=T, position="rope", batch_size=batch, n_layers=layers, n_heads=heads,
+                d_model=d_model)
+    configs = {"h-rope": TrainConfig.build(mode="h", field_bias_init=-math.log(T), **base)}
+    for b in ranges:
+        configs[f"relative {b}"] = TrainConfig.build(mode="h+J", coupling="relative", coupling_range=b,
+                                                     method="banded", **base)
+    return configs
+
+
+def relative_step_rows(sizes=(128, 256), ranges=tuple(RELATIVE_TARGETS), steps: int = 3, rounds: int = 3,
+                       warmup: int = 1, threads: int = 1, **model) -> list[dict]:
+    """Seconds per training step of :func:`relative_step_configs`, interleaved per T (:func:`time_steps`).
+    Returns one {T, name: median seconds, ...} per T."""
+    return [{"T": T, **medians(time_steps(relative_step_configs(T, ranges, **model), steps=steps, rounds=rounds,
+                                          warmup=warmup, threads=threads))} for T in sizes]
+
+
+def relative_step_table(rows: list[dict]) -> str:
+    """:func:`relative_step_rows` as a Markdown table: ms per step and each range's ratio to h-rope, with its
+    target where one is set."""
+    names = [n for n in rows[0] if n not in ("T", "h-rope")]
+    lines = ["| T | h-rope ms | " + " | ".join(f"{n} ms | {n} / h-rope (target)" for n in names) + " |",
+             "|---:|---:|" + "---:|---:|" * len(names)]
+    for r in rows:
+        cells = []
+        for n in names:
+            ratio, target = r[n] / r["h-rope"], RELATIVE_TARGETS.get(int(n.split()[-1]))
+            verdict = f" ({'met' if ratio <= target else 'missed'}: <= {target}x)" if target else ""
+            cells.append(f"{1e3 * r[n]:.1f} | {ratio:.2f}x{verdict}")
+        lines.append(f"| {r['T']} | {1e3 * r['h-rope']:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
