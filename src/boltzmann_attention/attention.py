@@ -424,7 +424,7 @@ class BoltzmannAttention(nn.Module):
             if log_forget is not None:
                 extra["log_forget"] = log_forget
             if self.kernel is not None:
-                extra["query"] = rows[..., rows.shape[-2] - min(rows.shape[-2], self.kernel.weight.shape[1] - 1):, :]
+                extra["query"] = rows[..., max(rows.shape[-2] - (self.kernel.weight.shape[1] - 1), 0):, :]
             cache.update(owner=weakref.ref(self), key=k, value=v, **extra)
         prior = self._position_bias(L, S, x.dtype)  # (H, L, S) or None
         if modes.RECORDS[self.mode].module_only:

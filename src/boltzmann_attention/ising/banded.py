@@ -609,8 +609,9 @@ class _Scaled:
 
     def _apply(self, tables: Tensor, x: Tensor, a: int, out: Tensor | None = None) -> Tensor:
         """(L R, T, O) tables times the (L, R, O, a) split of messages x, into ``out`` (L, R, T, a) (a new
-        tensor by default). One GEMM batch per lane: the split of several lanes cannot be viewed as one
-        batch, and copying it costs more than the dispatches (measured)."""
+        tensor by default). With R = 1 every lane's split is one batch; otherwise one GEMM batch per lane: the
+        split of several lanes cannot be viewed as one batch, and copying it costs more than the dispatches
+        (measured)."""
         split, R = self._split(x, a), self.R
         out = x.new_empty(x.shape[0], R, self.T, a) if out is None else out
         if R == 1:  # (w = k) one state index: every lane's split is one batch
@@ -678,9 +679,9 @@ class _Scaled:
             into = self._split(beta, a)
             dinto = self._split(dbeta, a) if self.tangent is not None else None
             if R == 1:
-                into[:, 0].copy_(torch.bmm(back, v[:, 0]))
+                torch.bmm(back, v[:, 0], out=into[:, 0])
                 if dinto is not None:
-                    dinto[:, 0].copy_(torch.bmm(back, dv[:, 0]))
+                    torch.bmm(back, dv[:, 0], out=dinto[:, 0])
                 return joint
             for lane in range(L):
                 torch.bmm(back[lane * R:(lane + 1) * R], v[lane], out=into[lane])
