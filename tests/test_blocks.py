@@ -112,8 +112,16 @@ def test_the_task_trains_through_the_config_and_records_its_metrics():
     result = train(cfg, progress=False)
     first, last = result["history"][0], result["history"][-1]
     assert set(last) >= {"loss", "error", "accuracy"} and last["loss"] < first["loss"]
+    assert set(result["metrics"]) == {"val", "test"} and set(result["metrics"]["test"]) == {"loss", "error", "accuracy"}
     assert result["config"]["data"]["num_blocks"] == 3
     with pytest.raises(ValueError, match="needs T >= 67"):
         TrainConfig.build(task="blocks", T=20).validate()
     with pytest.raises(ValueError, match="num_blocks is an option of task 'blocks' only"):
         TrainConfig.build(task="shakespeare", num_blocks=4).validate()
+
+
+def test_the_test_set_is_fixed_and_apart_from_the_validation_set_and_a_run_reports_it():
+    data, again = BlockData(blocks.length(), val_size=200), BlockData(blocks.length(), val_size=200)
+    assert torch.equal(data.test[0], again.test[0]) and torch.equal(solve(data.test[0]), data.test[1][:, -5:])
+    val = {tuple(r) for r in data.val[0].tolist()}
+    assert not any(tuple(r) in val for r in data.test[0].tolist())

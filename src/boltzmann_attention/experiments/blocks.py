@@ -8,8 +8,9 @@ metrics are on the N answer letters only (teacher forcing: each answer letter is
 before it). Sequences are left-padded to the window T; the padding carries no loss.
 
 Tokens: 0 padding, 1 '.', 2 '#', 3 '=', then the 26 letters a..z (4..29). Training batches are drawn on the fly
-from the run's generator; the validation set is fixed: ``VALIDATION_SIZE`` sequences from a generator seeded from
-the task's options alone, the same for every run seed. This module writes its own generator from the
+from the run's generator; the validation and test sets are fixed: ``VALIDATION_SIZE`` sequences each, from
+generators seeded from the split's name and the task's options alone, the same for every run seed (a study
+chooses its settings on the validation set and reports the test set). This module writes its own generator from the
 definition above; it is not the authors' code.
 """
 
@@ -133,8 +134,8 @@ def text(row: Tensor) -> str:
 
 
 class BlockData:
-    """The task at window T with its options: ``train_batch`` draws fresh sequences from a generator; ``val`` is
-    the fixed validation set (inputs, targets) of ``val_size`` sequences."""
+    """The task at window T with its options: ``train_batch`` draws fresh sequences from a generator; ``val`` and
+    ``test`` are the fixed validation and test sets (inputs, targets) of ``val_size`` sequences each."""
 
     def __init__(self, T: int, block_size: int = BLOCK_SIZE, query_size: int = QUERY_SIZE,
                  num_blocks: int = NUM_BLOCKS, val_size: int = VALIDATION_SIZE):
@@ -143,9 +144,15 @@ class BlockData:
             raise ValueError(f"val_size must be an integer >= 1, got {val_size!r}")
         self.T, self.options = T, {"block_size": block_size, "query_size": query_size, "num_blocks": num_blocks}
         self.vocab_size = VOCAB_SIZE
-        key = f"blocks {block_size} {query_size} {num_blocks} {T}".encode()
-        seed = int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1
-        self.val = generate(val_size, torch.Generator().manual_seed(seed), T, **self.options)
+        self.val, self.test = (generate(val_size, torch.Generator().manual_seed(self._seed(split)), T, **self.options)
+                               for split in ("val", "test"))
+
+    def _seed(self, split: str) -> int:
+        """The fixed seed of a split: from its name and the task's options (the validation set's key has no name)."""
+        o = self.options
+        key = f"blocks {o['block_size']} {o['query_size']} {o['num_blocks']} {self.T}"
+        key = key if split == "val" else f"{key} {split}"
+        return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
 
     def train_batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         return generate(batch_size, generator, self.T, **self.options)

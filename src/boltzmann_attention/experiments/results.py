@@ -25,7 +25,7 @@ BASELINE = "softmax"
 INFO_KEYS = ("machine", "processor", "cpus", "torch", "python", "commit")
 
 # The metric each task's reports are about: a run without it (or with an unusable value) is left out.
-HEADLINE = {"shakespeare": ("val", "ppl"), "brackets": ("test", "accuracy")}
+HEADLINE = {"shakespeare": ("val", "ppl"), "brackets": ("test", "accuracy"), "blocks": ("test", "error")}
 
 
 # ---------------------------------------------------------------------------------------------- checking
@@ -41,7 +41,7 @@ def _metric_problem(where: str, key: str, value) -> str | None:
         return f"{where} = {value:g} is below 1"
     if name == "loss" and value < 0:
         return f"{where} = {value:g} is negative"
-    if name == "accuracy" and not 0 <= value <= 1:
+    if name in ("accuracy", "error") and not 0 <= value <= 1:
         return f"{where} = {value:g} is outside [0, 1]"
     return None
 

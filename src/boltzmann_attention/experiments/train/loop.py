@@ -179,7 +179,7 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
           analyses: tuple[Analysis, ...] = ()) -> dict | None:
     """Train one model and return its results (config, metrics, history, learned couplings, timing).
 
-    metrics: 'val' (and 'test' for brackets) with the configured method. A model trained through a sampled
+    metrics: 'val' (and 'test' for brackets and blocks) with the configured method. A model trained through a sampled
     method (``ising.SAMPLED_METHODS``) is also evaluated with exact marginals, 'val_exact' (and
     'test_exact'), when T is within the exact method's limit.
 
@@ -295,9 +295,10 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
               **machine_info()}
     if memory is not None:
         result["memory"] = memory
-    if cfg.data.task == "brackets":
+    if cfg.data.task in ("brackets", "blocks"):
         with unconverged.watch("evaluations"):
             result["metrics"]["test"] = task.evaluate(model, "test")
+    if cfg.data.task == "brackets":
         result["data"] = {f"{split}_in_train": v for split, v in task.data.in_train.items()}
     if unconverged.found():
         result["convergence"] = unconverged.summary()
@@ -306,7 +307,7 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
         # sampler's own behaviour (noise, and a non-Boltzmann distribution for dqa/sqa) at evaluation
         with marginals_method(model, "exact"):
             result["metrics"]["val_exact"] = task.evaluate(model)
-            if cfg.data.task == "brackets":
+            if cfg.data.task in ("brackets", "blocks"):
                 result["metrics"]["test_exact"] = task.evaluate(model, "test")
     layers = [learned_priors(block.attn, cfg.data.T) for block in model.blocks]
     if any(layers):
