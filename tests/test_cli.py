@@ -308,3 +308,19 @@ def test_a_result_of_another_config_is_never_replaced(tmp_path, monkeypatch, cap
     assert "holds a run of another config" in err and "'coupling': ('full', 'window')" in err
     assert path.read_text() == first
     assert cli.main(["train", *tiny]) == 0  # the same config again: a rerun of it
+
+
+def test_two_runs_whose_readable_names_agree_get_two_files_and_two_labels(tmp_path, capsys, monkeypatch):
+    """A full h+J run and a window h+J run at the same T, seed and variant: neither replaces the other, and the
+    report shows each under a label that says how they differ."""
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--task", "brackets", "--T", "6", "--mode", "h+J", "--steps", "2", "--warmup-steps", "0",
+            "--eval-interval", "2", "--d-model", "8", "--d-ff", "8", "--batch-size", "4"]
+    assert cli.main(["train", *tiny]) == 0
+    assert cli.main(["train", *tiny, "--coupling", "window", "--coupling-window", "4"]) == 0
+    files = sorted((tmp_path / "results" / "runs").glob("*.json"))
+    assert len(files) == 2 and all(f.name.startswith("brackets-T6-h+J-exact-base-s0-") for f in files)
+    assert cli.main(["report"]) == 0
+    readme = (tmp_path / "report" / "results" / "README.md").read_text()
+    assert "base [coupling=full, coupling_window=None]" in readme and "base [coupling=window, coupling_window=4]" in readme
+    capsys.readouterr()

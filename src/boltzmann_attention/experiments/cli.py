@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import ising
 from .config import FIELDS, INITS, TASKS, TrainConfig
+from .results import config_hash
 from .sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS, run_name
 
 CHOICES = {"method": tuple(sorted(ising.METHODS))}  # choices not written on the field itself
@@ -91,8 +92,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                              description="Train one model and write its results JSON.",
                              usage="%(prog)s [options]   (every option: --help)")
     _add_config_arguments(p_train)
-    p_train.add_argument("--out", help="results JSON path (default: results/runs/<run name>.json, where `report` "
-                                       "looks by default)")
+    p_train.add_argument("--out", help="results JSON path (default: results/runs/<run name>-<config hash>.json, "
+                                       "where `report` looks by default; the hash covers every config field the "
+                                       "name does not)")
     p_train.add_argument("--checkpoint", help="checkpoint path; an existing one is resumed "
                                               "(default: next to --out, <out stem>.ckpt.pt, removed when the run ends)")
     p_train.add_argument("--threads", type=int, help="torch threads for this run (default: torch's setting; "
@@ -191,7 +193,9 @@ def _dispatch(args) -> int:
         from .train import check_output_path, default_checkpoint, train, write_result
 
         cfg = TrainConfig.build(**{name: getattr(args, name) for name in FIELDS})
-        out = Path(args.out if args.out is not None else f"results/runs/{run_name(cfg)}.json")  # where `report` looks
+        # where `report` looks; the hash tells apart runs whose readable names agree (a full and a window h+J)
+        default = f"results/runs/{run_name(cfg)}-{config_hash(cfg.flat())}.json"
+        out = Path(args.out if args.out is not None else default)
         check_output_path(out, "result")
         if out.exists():
             experiments.same_config(out, cfg)  # a result of another config is never replaced

@@ -9,14 +9,15 @@ leaves out the runs whose metrics are unusable and says which and why (``Results
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
-from .config import TrainConfig
+from .config import MeasureConfig, TrainConfig
 from .train.checkpoints import write_result
 
 ARCHIVE = "runs.jsonl.gz"  # every run's result, one JSON per line, written next to each report
@@ -26,6 +27,42 @@ INFO_KEYS = ("machine", "processor", "cpus", "torch", "python", "commit")
 
 # The metric each task's reports are about: a run without it (or with an unusable value) is left out.
 HEADLINE = {"shakespeare": ("val", "ppl"), "brackets": ("test", "accuracy"), "blocks": ("test", "error")}
+
+
+# ---------------------------------------------------------------------------------------------- identity
+
+NAMED = ("task", "T", "mode", "method", "seed")       # the config fields a run's readable name carries
+MEASURED = tuple(f.name for f in fields(MeasureConfig))  # what is recorded, not what is trained
+
+
+def identity(config: dict) -> dict:
+    """The flat config fields that make a trained model what it is, less those the readable run name carries
+    and the measurement settings (how often to evaluate, the memory probe)."""
+    return {k: v for k, v in config.items() if k not in NAMED and k not in MEASURED}
+
+
+def config_hash(config: dict) -> str:
+    """8 hex digits of the SHA-256 of :func:`identity` (flat config in, as ``TrainConfig.flat()`` gives): the
+    part of a run's file name that tells apart runs whose readable names agree."""
+    text = json.dumps(identity(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _distinguished(runs: list[Run]) -> list[Run]:
+    """The runs, where runs of one (task, variant, T, mode, method) were trained with different configs each
+    relabelled ``<variant> [field=value, ...]`` with the fields that differ between them, so that a report
+    never shows one config's numbers under another's label."""
+    by_key: dict[tuple, list[Run]] = {}
+    for r in runs:
+        by_key.setdefault(r.key, []).append(r)
+    labels = {}
+    for group in by_key.values():
+        ids = [identity(r.config) for r in group]
+        differ = sorted({k for i in ids for k in i if any(j.get(k) != i.get(k) for j in ids)})
+        if differ:
+            for r, i in zip(group, ids):
+                labels[id(r)] = f"{r.variant} [{', '.join(f'{k}={i.get(k)}' for k in differ)}]"
+    return [replace(r, variant=labels[id(r)]) if id(r) in labels else r for r in runs]
 
 
 # ---------------------------------------------------------------------------------------------- checking
@@ -258,6 +295,7 @@ class Results:
     """
 
     def __init__(self, runs: list[Run]):
+        runs = _distinguished(runs)
         self.all_runs = runs
         self.excluded: list[tuple[Run, list[str]]] = [(r, r.problems()) for r in runs if r.problems()]
         left_out = {id(r) for r, _ in self.excluded}

@@ -20,13 +20,13 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from .. import modes
-from .config import MeasureConfig
+from .results import MEASURED
 from .train import Analysis, TrainConfig, load_final, train, write_result
 
 DEFAULT_MODES = ("softmax", "h+J", "h", "J")  # the paper's four modes
@@ -167,10 +167,9 @@ def same_config(path: Path, cfg: TrainConfig) -> None:
     """ValueError when the finished result at ``path`` was trained with another config than the grid's run of
     the same name: counting it as finished would report it under this run's name. The measurement settings
     (how often to evaluate, the memory probe) change what is recorded, not the trained model: not compared."""
-    measured = {f.name for f in fields(MeasureConfig)}
     saved = {k: v for k, v in TrainConfig.from_dict(json.loads(path.read_text())["config"]).flat().items()
-             if k not in measured}
-    wanted = {k: v for k, v in cfg.flat().items() if k not in measured}
+             if k not in MEASURED}
+    wanted = {k: v for k, v in cfg.flat().items() if k not in MEASURED}
     if saved != wanted:
         diff = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
         raise ValueError(f"{path} holds a run of another config than this run of the same name (recorded, wanted): "
