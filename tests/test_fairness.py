@@ -67,7 +67,7 @@ def test_paper_profiles_take_the_field_bias_flag():
 def test_reproduce_writes_a_non_default_bias_apart(monkeypatch, tmp_path):
     seen = {}
 
-    def fake_sweep(grids, out, jobs):
+    def fake_sweep(grids, out, jobs, **executor):
         seen["out"], seen["grids"] = out, grids
         return []
 

@@ -205,3 +205,37 @@ def test_a_finished_result_of_another_config_stops_the_sweep_before_any_run(tmp_
     other = Grid(("brackets",), (4,), modes=("h",), seeds=(0,), overrides={**TINY, "d_ff": 32})
     with pytest.raises(ValueError, match=r"holds a run of another config .*'d_ff': \(16, 32\)"):
         sweep([other], tmp_path, dry_run=True)
+
+
+def _trained(files: dict) -> dict:
+    """{name: what a run trained and measured}: its config, metrics and history (timings and machine aside)."""
+    return {name: {k: json.loads(text)[k] for k in ("config", "metrics", "history", "run", "variant")}
+            for name, text in files.items()}
+
+
+def test_the_submitit_executor_writes_the_results_the_process_pool_does(finished, tmp_path, capsys):
+    """The same tiny sweep as submitit jobs (its local executor: each job a subprocess) gives the same result
+    files, resumes the same way and refuses options it cannot pass on."""
+    pytest.importorskip("submitit")
+    grid, files = finished
+    local = {"cluster": "local", "timeout_min": 5}
+    threads = threads_per_run(1)  # the pool's: another thread count rounds differently
+    assert sorted(sweep([grid], tmp_path, executor="submitit", executor_options=local, threads=threads)) == sorted(
+        run_name(cfg) for _, cfg in grid.runs())
+    got = {p.name: p.read_text() for p in (tmp_path / "runs").glob("*.json")}
+    assert _trained(got) == _trained(files)
+    assert "through submitit (local; logs in" in capsys.readouterr().out
+    assert sweep([grid], tmp_path, executor="submitit", executor_options={"cluster": "local"}) == []  # resumed
+    with pytest.raises(ValueError, match="executor_options apply to executor 'submitit' only"):
+        sweep([grid], tmp_path / "other", executor_options={"cluster": "local"})
+    with pytest.raises(ValueError, match="unknown executor 'ray'"):
+        sweep([grid], tmp_path / "other", executor="ray")
+
+
+def test_a_run_that_fails_inside_a_submitit_job_is_reported_like_a_local_one(tmp_path):
+    pytest.importorskip("submitit")
+    (tmp_path / "checkpoints").mkdir()
+    grid = Grid(("brackets",), (4,), modes=("h",), seeds=(0,), overrides=TINY)
+    (tmp_path / "checkpoints" / f"{run_name(grid.runs()[0][1])}.pt").write_text("not a checkpoint")
+    with pytest.raises(RuntimeError, match="1 of 1 runs failed"):
+        sweep([grid], tmp_path, executor="submitit", executor_options={"cluster": "local"})

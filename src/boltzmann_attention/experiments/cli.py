@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import ising
 from .config import FIELDS, INITS, TASKS, TrainConfig
 from .results import config_hash
-from .sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS, run_name
+from .sweep import CLUSTER_EXTRA, DEFAULT_FIELD_BIAS, EXECUTORS, FIELD_BIASES, PAPER_FIELD_BIAS, run_name
 
 CHOICES = {"method": tuple(sorted(ising.METHODS))}  # choices not written on the field itself
 
@@ -116,6 +116,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                          help="TrainConfig overrides, values as JSON (e.g. steps=2000 d_ff=0)")
     p_sweep.add_argument("--out", default="results", help="results folder")
     p_sweep.add_argument("--jobs", type=int, default=1, help="parallel processes (each gets cores // jobs threads)")
+    _add_executor_arguments(p_sweep)
 
     p_report = sub.add_parser("report", help="tables and plots from a results folder",
                               description="Write tables and plots from a results folder.", formatter_class=defaults)
@@ -141,6 +142,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p_repro.add_argument("--out", help="results folder (default: results/<profile>[-bias-<field bias>][-init-<init>])")
     p_repro.add_argument("--report", help="report folder (default: report/<profile>[-bias-<field bias>][-init-<init>])")
     p_repro.add_argument("--jobs", type=int, default=2, help="parallel processes (default: %(default)s)")
+    _add_executor_arguments(p_repro, "(default: %(default)s)")
     p_repro.add_argument("--resume-from", metavar="ARCHIVE",
                          help="first unpack a report's runs.jsonl.gz into the results folder, where they count as "
                               "finished (e.g. report/<profile>/runs.jsonl.gz, to go on with a committed study on "
@@ -170,18 +172,34 @@ def main(argv=None) -> int:
         return 130
 
 
-def _sweep_overrides(items: list[str]) -> dict:
-    known = set(FIELDS)
-    overrides = {}
+def _add_executor_arguments(parser, default: str = "") -> None:
+    parser.add_argument("--executor", choices=EXECUTORS, default="processes",
+                        help="where the runs train: local processes, or cluster jobs through submitit (Slurm; "
+                             f"{CLUSTER_EXTRA}), which write the same files into the results folder, one the jobs "
+                             f"must share {default}".rstrip())
+    parser.add_argument("--executor-option", nargs="*", default=[], metavar="KEY=VALUE", dest="executor_options",
+                        help="submitit's AutoExecutor parameters, values as JSON (e.g. cluster=\"slurm\" "
+                             "slurm_partition=\"cpu\" timeout_min=600 cpus_per_task=4; cluster=\"local\" runs the "
+                             "jobs as local processes)")
+
+
+def _key_values(items: list[str], flag: str, known=None) -> dict:
+    """KEY=VALUE items with JSON values; ``known``: the config fields allowed as keys (None: any key)."""
+    out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or key not in known:
-            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(known)}")
+        if not sep or not key or (known is not None and key not in known):
+            expected = "KEY=VALUE" if known is None else f"FIELD=VALUE with FIELD one of {sorted(known)}"
+            raise ValueError(f"{flag} {item!r}: expected {expected}")
         try:
-            overrides[key] = json.loads(value)
+            out[key] = json.loads(value)
         except json.JSONDecodeError:
-            raise ValueError(f"--set {item!r}: the value must be JSON (strings in double quotes)") from None
-    return overrides
+            raise ValueError(f"{flag} {item!r}: the value must be JSON (strings in double quotes)") from None
+    return out
+
+
+def _sweep_overrides(items: list[str]) -> dict:
+    return _key_values(items, "--set", set(FIELDS))
 
 
 def _dispatch(args) -> int:
@@ -211,7 +229,8 @@ def _dispatch(args) -> int:
     elif args.command == "sweep":
         grid = experiments.Grid(tuple(args.tasks), tuple(args.T), tuple(args.modes), tuple(args.methods),
                                 tuple(args.seeds), args.variant, _sweep_overrides(args.set))
-        names = experiments.sweep([grid], check_output_folder(args.out, "results"), jobs=args.jobs)
+        names = experiments.sweep([grid], check_output_folder(args.out, "results"), jobs=args.jobs,
+                                  **_executor(args))
         print(f"{len(names)} runs done -> {args.out}/runs")
     elif args.command == "report":
         _require("matplotlib", "scipy")
@@ -243,10 +262,14 @@ def _dispatch(args) -> int:
         if args.estimate_only:
             return 0
         start = time.perf_counter()
-        names = experiments.sweep(grids, out, jobs=args.jobs)
+        names = experiments.sweep(grids, out, jobs=args.jobs, **_executor(args))
         print(f"{len(names)} runs in {time.perf_counter() - start:.0f} s -> {out}/runs")
         print(f"report -> {_write_report(out, report)}")
     return 0
+
+
+def _executor(args) -> dict:
+    return {"executor": args.executor, "executor_options": _key_values(args.executor_options, "--executor-option")}
 
 
 def _estimate(grids, out: Path, jobs: int) -> str:

@@ -187,8 +187,13 @@ def _set_aside(path: Path) -> Path:
     return target
 
 
+EXECUTORS = ("processes", "submitit")  # where the runs train: local processes, or jobs through submitit (Slurm)
+CLUSTER_EXTRA = 'pip install "boltzmann-attention[cluster]"'
+
+
 def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = False,
-          threads: int | None = None) -> list[str]:
+          threads: int | None = None, executor: str = "processes", executor_options: dict | None = None
+          ) -> list[str]:
     """Run every grid point without a finished result; returns the names run (or, with ``dry_run``, to run).
 
     Every config is validated first, so a bad grid fails before any training. A result counts as finished
@@ -203,11 +208,24 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
     other: run one sweep with ``jobs`` = 2 instead, or give each OMP_NUM_THREADS = cores / 2 (the default
     never exceeds it).
 
+    Executor "submitit" submits each run as a job through submitit (``executor_options``: its
+    ``AutoExecutor`` parameters, e.g. ``{"cluster": "slurm", "slurm_partition": "cpu", "timeout_min": 600,
+    "cpus_per_task": 4}``; cluster "local" runs the jobs as local processes, "debug" in this one), its logs in
+    ``out/submitit``. Each job runs the same function as a local process and writes the same files, so the
+    folder must be one the jobs share; resume, archives and results are the same. ``jobs`` does not apply
+    (the scheduler decides how many run at once); each job gets ``threads`` torch threads, by default the
+    ``cpus_per_task`` it asks for (1 if it does not).
+
     A run that fails (e.g. a checkpoint from another config) is reported and the others go on; at the end a
     RuntimeError lists the failures.
     """
     from .results import file_problems
 
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; choose one of {EXECUTORS}")
+    if executor_options and executor == "processes":
+        raise ValueError("executor_options apply to executor 'submitit' only; the local processes take --jobs and "
+                         "--threads")
     out = Path(out)
     todo, seen, skipped, broken, unmeasured = [], set(), 0, [], []
     for grid in grids:
@@ -239,6 +257,12 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
         return [t[0] for t in todo]
     for path, found in broken:
         print(f"re-running {path.stem}: its result is broken ({'; '.join(found)}); kept as {_set_aside(path).name}")
+    if executor == "submitit":
+        outcomes = _submitit_outcomes(todo, out, dict(executor_options or {}), threads)
+        failures = [f"{name}: {error}" for name, error in outcomes if error]
+        if failures:
+            raise RuntimeError(f"{len(failures)} of {len(todo)} runs failed:\n" + "\n".join(failures))
+        return [t[0] for t in todo]
     threads = threads_per_run(jobs, threads)
     if jobs > available_cores():
         print(f"warning: {jobs} jobs on {available_cores()} cores share cores (one thread each)")
@@ -269,6 +293,33 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(tasks)} runs failed:\n" + "\n".join(failures))
     return [t[0] for t in todo]
+
+
+def _submitit_outcomes(todo: list, out: Path, options: dict, threads: int | None) -> list[tuple[str, str | None]]:
+    """Every run of ``todo`` as a submitit job (one job array), waited for; (name, error or None) per run. A job
+    that dies (killed by the scheduler, out of memory) counts as its run's failure, with submitit's message."""
+    try:
+        import submitit
+    except ImportError:
+        raise ValueError(f"executor 'submitit' needs submitit: {CLUSTER_EXTRA}") from None
+    cluster = options.pop("cluster", None)
+    executor = submitit.AutoExecutor(folder=out / "submitit", cluster=cluster)
+    threads = threads if threads is not None else int(options.get("cpus_per_task", 1))
+    try:
+        executor.update_parameters(**options)
+    except (TypeError, ValueError) as e:  # submitit's own message names the unknown parameter
+        raise ValueError(f"executor_options {options}: {e}") from None
+    tasks = [(name, cfg, variant, analyses, str(out), threads, False) for name, cfg, variant, analyses in todo]
+    jobs = executor.map_array(_run_one, tasks)
+    print(f"submitted {len(jobs)} run{'s' if len(jobs) != 1 else ''} through submitit "
+          f"({executor.cluster}; logs in {out / 'submitit'})")
+    outcomes = []
+    for (name, *_), job in zip(tasks, jobs):
+        try:
+            outcomes.append(job.result())
+        except Exception as e:  # the job itself failed, not the run inside it (that returns its error)
+            outcomes.append((name, f"job {job.job_id} failed: {type(e).__name__}: {str(e).splitlines()[0]}"))
+    return outcomes
 
 
 def _ignore_sigint() -> None:
