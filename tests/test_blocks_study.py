@@ -5,6 +5,7 @@ import importlib
 import json
 import math
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -166,3 +167,18 @@ def test_the_registry_picks_this_study_for_its_runs(tmp_path):
     readme = studies.write_report(tmp_path / "results", tmp_path / "report" / "blocks").read_text()
     assert "## Calibration" in readme and "| 60.0 | 10.0 | pass |" in readme
     assert TrainConfig.from_dict(load_runs(tmp_path / "results")[0].config).data.task == "blocks"
+
+
+ARCHIVE = Path(__file__).parents[1] / "report" / "blocks" / "runs.jsonl.gz"
+
+
+@pytest.mark.skipif(not ARCHIVE.exists(), reason="the study's archive is not in this checkout")
+def test_the_recorded_decisions_are_the_rules_output_on_the_archived_runs():
+    d = studies.load_decisions(studies.study_of_profile("blocks"))
+    res = Results(load_runs(ARCHIVE))
+    outcomes = [outcome for _, _, _, outcome in R.decide_calibration(res, d)]
+    ran = [o for o in outcomes if o is not None]
+    assert [G.Setting(**s) for s in d.calibration] == ran[:len(d.calibration)]  # each next setting the rule's
+    assert d.chosen == (outcomes[-1] == "pass")
+    for arm, (lr, extra) in R.decide_lrs(res, d).items():
+        assert (d.best_lr[arm] == lr) if extra is None else (extra in d.extra_learning_rates[arm])
