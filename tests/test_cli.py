@@ -325,3 +325,19 @@ def test_two_runs_whose_readable_names_agree_get_two_files_and_two_labels(tmp_pa
     for label in ("base [coupling=full, coupling_window=None]", "base [coupling=window, coupling_window=4]"):
         assert label in readme
     capsys.readouterr()
+
+
+def test_executor_options_take_plain_words_and_need_the_submitit_executor(tmp_path, monkeypatch):
+    from boltzmann_attention.experiments import sweep as sweep_module
+
+    seen = {}
+    monkeypatch.setattr(sweep_module, "sweep", lambda grids, out, jobs=1, **executor: seen.update(executor) or [])
+    argv = ["sweep", "--tasks", "brackets", "--T", "4", "--out", str(tmp_path), "--executor", "submitit",
+            "--executor-option", "cluster=slurm", "timeout_min=600", 'slurm_partition="cpu"']
+    assert cli.main(argv) == 0
+    assert seen == {"executor": "submitit",
+                    "executor_options": {"cluster": "slurm", "timeout_min": 600, "slurm_partition": "cpu"}}
+    monkeypatch.undo()
+    assert cli.main(["sweep", "--tasks", "brackets", "--T", "4", "--out", str(tmp_path / "x"), "--executor-option",
+                     "cluster=local"]) == 2
+    assert cli.main(["sweep", "--set", "steps=two"]) == 2  # config overrides stay strict JSON

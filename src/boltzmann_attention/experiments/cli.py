@@ -178,13 +178,14 @@ def _add_executor_arguments(parser, default: str = "") -> None:
                              f"{CLUSTER_EXTRA}), which write the same files into the results folder, one the jobs "
                              f"must share {default}".rstrip())
     parser.add_argument("--executor-option", nargs="*", default=[], metavar="KEY=VALUE", dest="executor_options",
-                        help="submitit's AutoExecutor parameters, values as JSON (e.g. cluster=\"slurm\" "
-                             "slurm_partition=\"cpu\" timeout_min=600 cpus_per_task=4; cluster=\"local\" runs the "
-                             "jobs as local processes)")
+                        help="submitit's AutoExecutor parameters, values as JSON or plain words (e.g. "
+                             "cluster=slurm slurm_partition=cpu timeout_min=600 cpus_per_task=4; cluster=local runs "
+                             "the jobs as local processes)")
 
 
-def _key_values(items: list[str], flag: str, known=None) -> dict:
-    """KEY=VALUE items with JSON values; ``known``: the config fields allowed as keys (None: any key)."""
+def _key_values(items: list[str], flag: str, known=None, words: bool = False) -> dict:
+    """KEY=VALUE items with JSON values; ``known``: the config fields allowed as keys (None: any key);
+    ``words``: a value that is not JSON is taken as a string (cluster=slurm), else it is an error."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -194,7 +195,9 @@ def _key_values(items: list[str], flag: str, known=None) -> dict:
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
-            raise ValueError(f"{flag} {item!r}: the value must be JSON (strings in double quotes)") from None
+            if not words:
+                raise ValueError(f"{flag} {item!r}: the value must be JSON (strings in double quotes)") from None
+            out[key] = value
     return out
 
 
@@ -269,7 +272,8 @@ def _dispatch(args) -> int:
 
 
 def _executor(args) -> dict:
-    return {"executor": args.executor, "executor_options": _key_values(args.executor_options, "--executor-option")}
+    options = _key_values(args.executor_options, "--executor-option", words=True)
+    return {"executor": args.executor, "executor_options": options}
 
 
 def _estimate(grids, out: Path, jobs: int) -> str:
