@@ -166,8 +166,8 @@ def calibration_section(res: Results, d: Decisions) -> list[str]:
         if isinstance(outcome, Setting) and last:
             notes.append(f"The rule asks for the next setting: add it to CALIBRATION in {WHERE}.")
         if outcome == "failed":
-            notes.append("The calibration has failed: MTA's separation did not reproduce at this scale, and the "
-                         "study stops here (protocol.md).")
+            notes.append("The calibration has failed: no setting put softmax-rope's error in the band with mta "
+                         "clearly lower, and the study stops here (protocol.md).")
     return ["## Calibration", "",
             f"softmax-rope and mta at lr {REFERENCE_LR:g}, seed {TUNING_SEED}; validation exact-match error in %; "
             "the rule's outcome (protocol.md).", "",
