@@ -430,6 +430,48 @@ def test_opaque_operators_pass_opcheck():
     JW = symmetric_couplings(3, 2, generator=g).float()[:, None].requires_grad_()
     torch.library.opcheck(opaque.window_marginals, (h[..., :3], JW, mask[..., :3]))
     torch.library.opcheck(opaque.window_marginals, (h[..., :3], JW, None))
+    # the kept variants return a fresh token each call, so the check that compares two calls' outputs does not
+    # apply; the compiled tests here run them under AOT autograd against eager's gradients
+    kept = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(opaque.exact_marginals_kept, (h, J, None, mask, 24), test_utils=kept)
+    torch.library.opcheck(opaque.window_marginals_kept, (h[..., :3], JW, mask[..., :3]), test_utils=kept)
+
+
+@pytest.mark.parametrize("config", ["h+J exact", "window"])
+def test_a_compiled_training_step_solves_once_as_eager_does(config, monkeypatch):
+    """The compiled step's backward differentiates the graph its forward kept (ising/opaque.py), so the solver
+    runs once per layer and step, as in eager, and the kept graphs are released: none is left after the step,
+    nor after a forward whose graph is dropped without a backward. Without its kept graph the backward
+    recomputes, to the same gradients."""
+    from boltzmann_attention.ising import exact, opaque, window
+
+    module = exact if config == "h+J exact" else window
+    solves = []
+    solver = module.marginals
+    monkeypatch.setattr(module, "marginals", lambda *a, **k: solves.append(1) or solver(*a, **k))
+    torch.manual_seed(0)
+    model = TinyGPT(**COMPILED_MODES[config])
+    compiled = torch.compile(model, fullgraph=True)
+    tokens = torch.randint(0, 11, (2, 8), generator=torch.Generator().manual_seed(1))
+    compiled(tokens).square().mean().backward()  # the first step compiles
+    grads = []
+    for keep in (True, False):
+        model.zero_grad()
+        solves.clear()
+        loss = compiled(tokens).square().mean()
+        forward = len(solves)
+        assert forward >= 2  # both layers (the window solves its partial and full rows apart)
+        if not keep:
+            opaque._KEPT.clear()
+        loss.backward()
+        assert len(solves) == forward * (1 if keep else 2) and not opaque._KEPT
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    out = compiled(tokens)
+    assert opaque._KEPT  # kept for a backward ...
+    del out
+    assert not opaque._KEPT  # ... and released with the dropped graph
 
 
 @pytest.mark.parametrize("config", sorted(LAYER_CONFIGS))

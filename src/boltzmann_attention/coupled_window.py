@@ -116,7 +116,7 @@ def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: in
     if mask is not None:
         present = present & mask.expand(*mask.shape[:-2], L, S).gather(-1, index.expand(*mask.shape[:-2], L, window))
     J = couplings.flip(-1, -2)[:, None]
-    solve = opaque.window_marginals if torch.compiler.is_compiling() else window_ising.marginals  # ising/opaque.py
+    solve = opaque.window_solve if torch.compiler.is_compiling() else window_ising.marginals  # ising/opaque.py
     partial = min(L, max(0, window - 1 - offset))  # the first rows have slots before key 0: absent
     if mask is None and partial < L and L + offset <= S:  # the other rows' windows are full: unmasked
         full = solve(h_band[..., partial:, :], J, None)

@@ -71,14 +71,25 @@ COMPILED_MODES = {"softmax": {"mode": "softmax"}, "h": {"mode": "h"}, "h+J": {"m
                   "window": {"mode": "h+J", "coupling": "window", "coupling_window": 4}}
 
 
+def inductor_cache_state() -> str:
+    """Where torch.compile's inductor cache is and whether it held anything at the start: the first compiled
+    step is cold only with an empty one (run with TORCHINDUCTOR_CACHE_DIR set to a new folder for that)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    folder = Path(cache_dir())
+    empty = not folder.exists() or not any(folder.iterdir())
+    return f"{folder} ({'empty at the start: cold' if empty else 'in use before: warm'})"
+
+
 def compiled_step_rows(sizes=(8, 16), modes=tuple(COMPILED_MODES), batch: int = 64, rounds: int = 7,
                        vocab: int = 65, threads: int = 1, warmup: int = 2) -> list[dict]:
     """The training step of the paper's model eager and under ``torch.compile(model, fullgraph=True)``, per mode
     and window T: the same step as :func:`training_step_rows` (the optimiser and clipping stay eager), both
     variants of every mode interleaved step by step. 'window' is the coupled window of min(4, T) keys. Method
-    'exact' and the window's marginals are opaque operators to the compiler, solved twice per compiled step
-    (the backward recomputes them; see ising/opaque.py). Returns one {T, mode, eager, compiled, compile_s} per
-    mode and T: median seconds per step, and the wall time of the first compiled step (compilation included)."""
+    'exact' and the window's marginals are opaque operators to the compiler, solved once per compiled step
+    (the backward differentiates the graph the forward kept; see ising/opaque.py). Returns one {T, mode,
+    eager, compiled, compile_s} per mode and T: median seconds per step, and the wall time of the first
+    compiled step (compilation included)."""
     torch.set_num_threads(threads)
     rows = []
     for T in sizes:
