@@ -100,7 +100,7 @@ def _marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | Non
     record = resolve_method(method)
     record.validate(options)
     if record.compiled is not None and torch.compiler.is_compiling():  # one opaque node: see ising/opaque.py
-        return record.compiled(h, J, K, mask, **options)
+        return record.compiled(h, J, K, mask, check=check_inputs_, **options)
     if check_inputs_:
         check_inputs(h, J, K, mask)
     if is_empty(h, J, K, mask):

@@ -139,13 +139,13 @@ def _check_options(options: dict) -> None:
 
 
 def _compiled(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
-              max_spins: int = MAX_SPINS) -> Tensor:
+              max_spins: int = MAX_SPINS, check: bool = True) -> Tensor:
     """The marginals as one opaque operator, what ``torch.compile`` traces: ``boltzmann_attention::exact_marginals``
     (or its ``_kept`` variant), which :mod:`boltzmann_attention.ising.opaque` registers around this module's
     solver."""
     from . import opaque  # it imports this module
 
-    return opaque.exact_solve(h, J, K, mask, max_spins)
+    return opaque.exact_solve(h, J, K, mask, max_spins, check)
 
 
 METHOD = Method("exact", marginals, log_partition, keyword_options(marginals), "exact",

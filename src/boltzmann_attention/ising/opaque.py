@@ -98,34 +98,37 @@ def _token_like() -> Tensor:
 
 # --- method 'exact' ------------------------------------------------------------------------------------
 
-def _exact_eager(h, J, K, mask, max_spins):
-    """What ``ising.marginals(..., method='exact')`` does in eager: the input checks, then the solver."""
-    check_inputs(h, J, K, mask)
+def _exact_eager(h, J, K, mask, max_spins, check):
+    """What ``ising.marginals(..., method='exact')`` does in eager: the input checks (unless the caller built
+    the inputs and checked them itself, as the attention module does), then the solver."""
+    if check:
+        check_inputs(h, J, K, mask)
     if is_empty(h, J, K, mask):
         return empty_result(h, J, K, mask, marginals=True)
     return exact.marginals(h, J, K, mask, max_spins=max_spins)
 
 
 @torch.library.custom_op("boltzmann_attention::exact_marginals", mutates_args=())
-def exact_marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, max_spins: int) -> Tensor:
+def exact_marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, max_spins: int,
+                    check: bool) -> Tensor:
     """<s> of method 'exact' (see :mod:`boltzmann_attention.ising.exact`), computed eagerly at run time."""
-    return _exact_eager(h, J, K, mask, max_spins).contiguous()  # the fake's layout
+    return _exact_eager(h, J, K, mask, max_spins, check).contiguous()  # the fake's layout
 
 
 @exact_marginals.register_fake
-def _(h, J, K, mask, max_spins):
+def _(h, J, K, mask, max_spins, check):
     return h.new_empty(tuple(batch_shape(h, J, K, mask)) + (h.shape[-1],))
 
 
 @torch.library.custom_op("boltzmann_attention::exact_marginals_kept", mutates_args=())
 def exact_marginals_kept(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None,
-                         max_spins: int) -> tuple[Tensor, Tensor]:
+                         max_spins: int, check: bool) -> tuple[Tensor, Tensor]:
     """``exact_marginals`` and the token of its kept graph, for the backward (module docstring)."""
-    return _keep(lambda h, J, K: _exact_eager(h, J, K, mask, max_spins), [h, J, K])
+    return _keep(lambda h, J, K: _exact_eager(h, J, K, mask, max_spins, check), [h, J, K])
 
 
 @exact_marginals_kept.register_fake
-def _(h, J, K, mask, max_spins):
+def _(h, J, K, mask, max_spins, check):
     return h.new_empty(tuple(batch_shape(h, J, K, mask)) + (h.shape[-1],)), _token_like()
 
 
@@ -134,7 +137,7 @@ def exact_marginals_backward(h: Tensor, J: Tensor | None, K: Tensor | None, mask
                              token: Tensor | None, max_spins: int) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients in h, J and K (an empty tensor for an absent J or K) of <grad, <s>>: through the graph kept
     under ``token``, or by recomputation."""
-    gh, gJ, gK = _grads(lambda h, J, K: _exact_eager(h, J, K, mask, max_spins), [h, J, K], grad, token)
+    gh, gJ, gK = _grads(lambda h, J, K: _exact_eager(h, J, K, mask, max_spins, False), [h, J, K], grad, token)
     return gh, gJ, gK
 
 
@@ -145,7 +148,7 @@ def _(h, J, K, mask, grad, token, max_spins):
 
 
 def _exact_setup(ctx, inputs, output):
-    h, J, K, mask, max_spins = inputs
+    h, J, K, mask, max_spins, check = inputs
     token = output[1] if isinstance(output, tuple) else None
     ctx.save_for_backward(h, J, K, mask, token)
     ctx.max_spins, ctx.has = max_spins, (J is not None, K is not None)
@@ -154,18 +157,19 @@ def _exact_setup(ctx, inputs, output):
 def _exact_backward(ctx, grad, *token_grad):
     h, J, K, mask, token = ctx.saved_tensors
     gh, gJ, gK = exact_marginals_backward(h, J, K, mask, grad, token, ctx.max_spins)
-    return gh, _none_if_empty(gJ, ctx.has[0]), _none_if_empty(gK, ctx.has[1]), None, None
+    return gh, _none_if_empty(gJ, ctx.has[0]), _none_if_empty(gK, ctx.has[1]), None, None, None
 
 
 exact_marginals.register_autograd(_exact_backward, setup_context=_exact_setup)
 exact_marginals_kept.register_autograd(_exact_backward, setup_context=_exact_setup)
 
 
-def exact_solve(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, max_spins: int) -> Tensor:
+def exact_solve(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, max_spins: int,
+                check: bool = True) -> Tensor:
     """What ``torch.compile`` traces for method 'exact': the kept variant where a gradient is wanted."""
     if _wants_grad(h, J, K):
-        return exact_marginals_kept(h, J, K, mask, max_spins)[0]
-    return exact_marginals(h, J, K, mask, max_spins)
+        return exact_marginals_kept(h, J, K, mask, max_spins, check)[0]
+    return exact_marginals(h, J, K, mask, max_spins, check)
 
 
 # --- the coupled window ---------------------------------------------------------------------------------

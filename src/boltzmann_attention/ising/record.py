@@ -29,7 +29,8 @@ class Method:
     couplings K; toeplitz: whether it also solves J_jk = f(|j - k|) given as its profile (``ising.toeplitz``,
     never an (n, n) matrix); window: whether it also solves the coupled window (``ising.window``, a slot-indexed
     J shared by all queries); compiled: what runs instead of ``marginals`` while ``torch.compile`` traces (one
-    opaque operator, :mod:`boltzmann_attention.ising.opaque`), None to trace ``marginals`` itself.
+    opaque operator, :mod:`boltzmann_attention.ising.opaque`; it takes ``check``, False where the caller has
+    checked the inputs), None to trace ``marginals`` itself.
     """
 
     name: str
