@@ -456,3 +456,30 @@ def test_the_class_own_from_pretrained_cannot_give_a_softmax_model(tmp_path):
                             f"transformers.GPT2LMHeadModel.from_pretrained({str(tmp_path)!r})"],
                            capture_output=True, text=True)
     assert fresh.returncode != 0 and 'attn_implementation="boltzmann"' in fresh.stderr
+
+
+def test_the_readme_path_converted_trained_under_bf16_autocast_and_compiled():
+    """What a new user does from the README: convert a decoder (the default coupled window), compile it, and
+    train a step under bf16 autocast; the compiled loss and gradients are eager's (bf16 rounding aside)."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=50, max_position_embeddings=64)
+    model = bt.convert(LlamaForCausalLM(config), mode="h+J", coupling="window", coupling_window=4,
+                       coupling_init_std=0.1)
+    twin = copy.deepcopy(model)
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for m, run in ((model, model), (twin, torch.compile(twin))):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = run(ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], atol=2e-2, rtol=2e-2)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert q.grad is not None and torch.isfinite(q.grad).all(), name
+        if "couplings" in name:
+            torch.testing.assert_close(q.grad, p.grad, atol=2e-2, rtol=5e-2, msg=name)
