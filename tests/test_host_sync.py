@@ -68,17 +68,70 @@ SOLVED = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="the exact solver plans its buckets from the mask's values and decides "
-                                       "its float64 rescue on the host")
 @pytest.mark.parametrize("name", sorted(SOLVED))
 def test_a_solved_forward_reads_nothing_from_the_host(name):
     torch.manual_seed(0)
     layer = BoltzmannAttention(16, 2, max_len=12, **SOLVED[name])
     x = torch.randn(2, 12, 16)
-    layer(x)
+    first = layer(x)[0]
     with value_checks("async"), host_reads() as found:
-        layer(x)
+        out = layer(x)[0]
     assert found == []
+    torch.testing.assert_close(out, first, atol=0, rtol=0)  # the remembered plan is the one the mask gives
+
+
+def test_without_host_reads_a_row_beyond_float32_is_refused_not_rescued(monkeypatch):
+    """Where checks read the host the float32 rows beyond the scale limit are solved again in float64 (equal to
+    the float64 reference); under asynchronous asserts the same rows fail the step, naming the remedies."""
+    from boltzmann_attention import ising
+    from boltzmann_attention.ising import numerics, reference
+
+    monkeypatch.setattr(numerics, "FLOAT32_SCALE_LIMIT", 1.0)  # every row of these fields is beyond it
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(2, 5, 6, generator=g, dtype=torch.float64)
+    J = torch.randn(6, 6, generator=g, dtype=torch.float64)
+    J = (J + J.T).fill_diagonal_(0) / 2
+    mask = torch.ones(5, 6, dtype=torch.bool).tril(1)
+    for m in (None, mask):
+        rescued = ising.marginals(h.float(), J.float(), mask=m)
+        torch.testing.assert_close(rescued.double(), reference.marginals(h, J, mask=m), atol=1e-6, rtol=0)
+        with value_checks("async"), pytest.raises(RuntimeError, match=r"value_checks\('host'\)"):
+            ising.marginals(h.float(), J.float(), mask=m)
+    with value_checks("async"):  # float64 rows within float64's resolution: solved as on the host
+        torch.testing.assert_close(ising.marginals(h, J, mask=mask), reference.marginals(h, J, mask=mask))
+
+
+def test_a_mask_key_given_to_masks_of_different_values_is_refused():
+    from boltzmann_attention.ising import exact
+
+    h, J = torch.randn(4, 5), torch.zeros(5, 5)
+    J[0, 1] = J[1, 0] = 0.5
+    causal = torch.ones(4, 5, dtype=torch.bool).tril(1)
+    exact.marginals(h, J, None, causal, mask_key="test: one mask")
+    with pytest.raises(ValueError, match="mask_key 'test: one mask' was given to masks of different values"):
+        exact.marginals(h, J, None, causal.flip(-1), mask_key="test: one mask")
+
+
+def test_the_denormal_probe_sees_the_threads_flush_setting():
+    """no_denormals turns flushing on and back off, and leaves it on where it was already on."""
+    import sys
+
+    from boltzmann_attention.ising import numerics
+
+    def flushed():
+        return bool(torch.tensor(sys.float_info.min, dtype=torch.float64) * 0.5 == 0)
+
+    assert not flushed()
+    with numerics.no_denormals(torch.device("cpu")):
+        assert flushed()
+    assert not flushed()
+    torch.set_flush_denormal(True)
+    try:
+        with numerics.no_denormals(torch.device("cpu")):
+            assert flushed()
+        assert flushed()
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def test_each_policy_refuses_nan_as_documented():

@@ -419,22 +419,22 @@ def test_compiled_exact_keeps_the_float64_rescue(monkeypatch):
 def test_opaque_operators_pass_opcheck():
     """The fake (shape) functions, schemas and autograd registrations of the opaque solvers agree with the
     eager ones (torch.library.opcheck), with a mask, couplings broadcast over queries, and the window."""
-    from boltzmann_attention.ising import opaque
+    from boltzmann_attention.ising import exact, window
 
     g = torch.Generator().manual_seed(5)
     h = torch.randn(2, 3, 5, generator=g, requires_grad=True)
     J = symmetric_couplings(5, 2, generator=g).float()[:, None].requires_grad_()
     mask = torch.rand(2, 3, 5, generator=g) > 0.3
-    torch.library.opcheck(opaque.exact_marginals, (h, J, None, mask, 24, True))
-    torch.library.opcheck(opaque.exact_marginals, (h, J, None, None, 24, False))
+    torch.library.opcheck(exact.exact_marginals, (h, J, None, mask, 24, True, None))
+    torch.library.opcheck(exact.exact_marginals, (h, J, None, None, 24, False, "test: no mask"))
     JW = symmetric_couplings(3, 2, generator=g).float()[:, None].requires_grad_()
-    torch.library.opcheck(opaque.window_marginals, (h[..., :3], JW, mask[..., :3]))
-    torch.library.opcheck(opaque.window_marginals, (h[..., :3], JW, None))
+    torch.library.opcheck(window.window_marginals, (h[..., :3], JW, mask[..., :3], None))
+    torch.library.opcheck(window.window_marginals, (h[..., :3], JW, None, None))
     # the kept variants return a fresh token each call, so the check that compares two calls' outputs does not
     # apply; the compiled tests here run them under AOT autograd against eager's gradients
     kept = ("test_schema", "test_autograd_registration", "test_faketensor")
-    torch.library.opcheck(opaque.exact_marginals_kept, (h, J, None, mask, 24, True), test_utils=kept)
-    torch.library.opcheck(opaque.window_marginals_kept, (h[..., :3], JW, mask[..., :3]), test_utils=kept)
+    torch.library.opcheck(exact.exact_marginals_kept, (h, J, None, mask, 24, True, None), test_utils=kept)
+    torch.library.opcheck(window.window_marginals_kept, (h[..., :3], JW, mask[..., :3], None), test_utils=kept)
 
 
 @pytest.mark.parametrize("config", ["h+J exact", "window"])

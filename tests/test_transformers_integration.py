@@ -473,7 +473,7 @@ def test_the_readme_path_converted_trained_under_bf16_autocast_and_compiled():
     twin = copy.deepcopy(model)
     ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
     losses = []
-    for m, run in ((model, model), (twin, torch.compile(twin))):
+    for run in (model, torch.compile(twin)):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = run(ids, labels=ids).loss
         loss.backward()

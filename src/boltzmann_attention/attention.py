@@ -166,9 +166,13 @@ def _attend(query, key, value, couplings, three_body, mode, method, causal_offse
         mask, additive = mask != float("-inf"), mask
         additive = additive.masked_fill(~mask, 0.0)
     keys_mask = mask  # without the causal part, which the coupled window builds into its slots
+    mask_key = None  # names a mask made from the shapes alone: the solver need not read it
     if causal_offset is not None:  # True where the key takes part
         causal = torch.ones(L, S, dtype=torch.bool, device=query.device).tril(causal_offset)
-        mask = causal if mask is None else mask & causal
+        if mask is None:
+            mask, mask_key = causal, f"causal: L={L} S={S} offset={causal_offset}"
+        else:
+            mask = mask & causal
 
     if modes.RECORDS[mode].softmax:  # bias and a float mask: added to the scores (SDPA's additive mask)
         check_values(mode, query, key, None)
@@ -193,16 +197,16 @@ def _attend(query, key, value, couplings, three_body, mode, method, causal_offse
         query, key, value = query.to(compute), key.to(compute), value.to(compute)
         out, weights = _boltzmann(query, key, value, _as(couplings, compute), _as(three_body, compute), mode, method,
                                   causal_offset, mask, scale, _as(bias, compute), return_weights, method_options,
-                                  coupling_window, built_couplings, keys_mask)
+                                  coupling_window, built_couplings, keys_mask, mask_key)
     out = out.to(result_dtype)
     return (out, weights.to(result_dtype)) if return_weights else out
 
 
 def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_offset, mask, scale, bias,
-               return_weights, method_options, coupling_window, built_couplings=False, keys_mask=None):
+               return_weights, method_options, coupling_window, built_couplings=False, keys_mask=None, mask_key=None):
     """The Boltzmann modes of :func:`_attend` in one dtype: (out, weights or None). keys_mask: the mask without
     its causal part, for the coupled window (whose slots are causal by construction: a causal mask passed to it
-    would send every row through the masked path)."""
+    would send every row through the masked path); mask_key: the name of a mask made from the shapes alone."""
     uses_field, _, _ = mode_terms(mode)
     L, S = query.shape[-2], key.shape[-2]
     if uses_field:
@@ -241,7 +245,8 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         else:  # (H, 1, S, S) against (B, H, L)
             J = couplings.unsqueeze(1) if couplings is not None else None
             K = three_body.unsqueeze(1) if three_body is not None else None
-            m = ising._marginals(field, J, K, spins_mask, method, method_options, check_inputs_=not built_couplings)
+            m = ising._marginals(field, J, K, spins_mask, method, method_options, check_inputs_=not built_couplings,
+                                 mask_key=mask_key)
         weights = (m + 1) / 2
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)

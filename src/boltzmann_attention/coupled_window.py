@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .couplings import WindowCouplings
-from .ising import opaque
 from .ising import window as window_ising
 from .ising._inputs import check_int
 
@@ -116,12 +115,13 @@ def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: in
     if mask is not None:
         present = present & mask.expand(*mask.shape[:-2], L, S).gather(-1, index.expand(*mask.shape[:-2], L, window))
     J = couplings.flip(-1, -2)[:, None]
-    solve = opaque.window_solve if torch.compiler.is_compiling() else window_ising.marginals  # ising/opaque.py
+    solve = window_ising.window_solve if torch.compiler.is_compiling() else window_ising.marginals  # ising/opaque.py
     partial = min(L, max(0, window - 1 - offset))  # the first rows have slots before key 0: absent
     if mask is None and partial < L and L + offset <= S:  # the other rows' windows are full: unmasked
         full = solve(h_band[..., partial:, :], J, None)
-        m_band = full if partial == 0 else torch.cat([solve(h_band[..., :partial, :], J, present[:partial]), full],
-                                                     dim=-2)
+        key = f"window slots present: L={L} S={S} W={window} offset={offset} rows={partial}"  # from shapes alone
+        m_band = full if partial == 0 else torch.cat([solve(h_band[..., :partial, :], J, present[:partial], key),
+                                                      full], dim=-2)
     else:
         m_band = solve(h_band, J, present)  # (B*, H*, L, W), 0 where absent
     a_band = (m_band + present) * 0.5

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import math
 import numbers
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 from torch.nn.attention.bias import CausalBias
 
 from . import ising, modes
+from .ising import checks
 from .ising import window as window_ising
 from .ising._inputs import _check_finite as check_finite
 from .ising._inputs import check_int, check_real
+from .ising.checks import VALUE_CHECKS, value_checks  # noqa: F401 (the layer's public policy)
 from .ising.methods import methods_with, resolve_method
 from .modes import LAYER_MODES, MODES, RECENCY_MODES, WINDOW_MODES
 
@@ -187,27 +188,6 @@ def _skip_value_checks(x: Tensor) -> bool:
     return x.device.type == "meta" or torch.compiler.is_compiling()
 
 
-VALUE_CHECKS = ("auto", "host", "async", "off")
-_value_checks = "auto"
-
-
-@contextmanager
-def value_checks(policy: str):
-    """How the forward refuses NaN and inf (:func:`check_values`) inside this context.
-
-    'auto' (the default): eager on CPU, a host check that raises a ValueError naming the tensor (reading a CPU
-    tensor costs no device sync); on any other device, and always while torch.compile traces, an asynchronous
-    assert (``torch._assert_async``: the forward never waits on the device; a NaN fails the step when the
-    device reaches it, with a RuntimeError naming the check). 'host': the named ValueError on every device (one
-    host sync per call). 'async': the asynchronous assert on every device. 'off': no check."""
-    global _value_checks
-    if not isinstance(policy, str) or policy not in VALUE_CHECKS:
-        raise ValueError(f"unknown value-check policy {policy!r}; choose one of {VALUE_CHECKS}")
-    before, _value_checks = _value_checks, policy
-    try:
-        yield
-    finally:
-        _value_checks = before
 
 
 def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
@@ -218,8 +198,7 @@ def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
     One reduction per tensor (a finite sum proves every entry finite), then the check that
     :func:`value_checks` chooses: by default a host read on CPU (only a sum that is not finite takes the
     entry-wise checks, which name the tensor) and an asynchronous assert elsewhere. Skipped on meta tensors."""
-    policy = _value_checks
-    if query.device.type == "meta" or policy == "off":
+    if query.device.type == "meta" or checks.policy() == "off":
         return
     named = [("query", query), ("key", key)] if modes.RECORDS[mode].softmax else \
         [("the field h = scale * query.key + bias", field)]
@@ -227,8 +206,7 @@ def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
     total = named[0][1].detach().sum()
     for _, x in named[1:]:
         total = total + x.detach().sum().to(total.dtype)
-    host = policy == "host" or (policy == "auto" and query.device.type == "cpu")
-    if torch.compiler.is_compiling() or not host:
+    if not checks.on_host(query.device):
         torch._assert_async(torch.isfinite(total), f"NaN or inf in {' or '.join(n for n, _ in named)} (mode "
                             f"{mode!r}); run under boltzmann_attention.validation.value_checks('host') for the "
                             "tensor by name")

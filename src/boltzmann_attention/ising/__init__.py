@@ -94,11 +94,15 @@ def marginals(h: Tensor, J: Tensor | None = None, K: Tensor | None = None, *, ma
 
 
 def _marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, method, options: dict,
-               check_inputs_: bool = True) -> Tensor:
+               check_inputs_: bool = True, mask_key: str | None = None) -> Tensor:
     """:func:`marginals`; the attention module passes check_inputs_=False for couplings it built itself
-    (symmetric with a zero diagonal by construction) after checking their values and the field's finite."""
+    (symmetric with a zero diagonal by construction) after checking their values and the field's finite, and
+    names its causal mask by ``mask_key`` (the record's ``keyed_masks``: the mask is not read after the first
+    call)."""
     record = resolve_method(method)
     record.validate(options)
+    if mask_key is not None and record.keyed_masks and mask is not None:
+        options = {**options, "mask_key": mask_key}
     if record.compiled is not None and torch.compiler.is_compiling():  # one opaque node: see ising/opaque.py
         return record.compiled(h, J, K, mask, check=check_inputs_, **options)
     if check_inputs_:

@@ -28,17 +28,23 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import planner, split
-from ._inputs import check_int, group_queries
+from ._inputs import batch_shape, check_inputs, check_int, empty_result, group_queries, is_empty
 from .numerics import log_2cosh
+from .opaque import grads, keep, none_if_empty, token_like, wants_grad
 from .record import Method, keyword_options
 
 MAX_SPINS = 24
 
 
 def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
-              max_spins: int = MAX_SPINS) -> Tensor:
-    """<s_j>, shape of h (..., n). See the module docstring for the algorithm and its limit."""
-    return _solve(h, J, K, mask, max_spins)[0]
+              max_spins: int = MAX_SPINS, mask_key: str | None = None) -> Tensor:
+    """<s_j>, shape of h (..., n). See the module docstring for the algorithm and its limit.
+
+    mask_key: the caller's name for the mask's values, for a mask that is the same at every call (the layer's
+    causal mask): its patterns and plan are remembered by the name, so that after the first call the mask's
+    values are not read (no host sync). Masks of one key and shape must hold the same values; where checks read
+    the host (:mod:`.checks`) a key given to different masks is a ValueError."""
+    return _solve(h, J, K, mask, max_spins, mask_key)[0]
 
 
 def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
@@ -51,8 +57,8 @@ def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
     return logz
 
 
-def _solve(h, J, K, mask, max_spins):
-    largest = h.shape[-1] if mask is None else int(mask.sum(-1).max()) if mask.numel() else 0
+def _solve(h, J, K, mask, max_spins, mask_key=None):
+    largest = h.shape[-1] if mask is None else planner.present_spins(mask, mask_key)
     if largest > max_spins:
         raise ValueError(
             f"method 'exact' enumerates 2^n states and is limited to n <= {max_spins} present spins per "
@@ -67,11 +73,11 @@ def _solve(h, J, K, mask, max_spins):
     if g.mask is None:
         m, logz = split.solve(g.h, g.J, g.K)
     else:
-        m, logz = _by_mask_pattern(g.h, g.J, g.K, g.mask)
+        m, logz = _by_mask_pattern(g.h, g.J, g.K, g.mask, mask_key)
     return g.ungroup(m).clamp(-1.0, 1.0), g.ungroup(logz)
 
 
-def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor):
+def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor, mask_key: str | None = None):
     """Solve masked queries. h, mask: (G, Q, n); J: (G, n, n); K: (G, n, n, n).
 
     Returns marginals (G, Q, n) and log Z (G, Q). Patterns that split every group evenly (a causal mask:
@@ -80,13 +86,14 @@ def _by_mask_pattern(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor
     if J is None and K is None:  # independent spins: the closed form, absent spins removed
         present = mask.to(h.dtype)
         return torch.tanh(h) * present, (log_2cosh(h) * present).sum(-1)
-    patterns, which, order = planner.mask_patterns(mask)
+    patterns, which, order = planner.mask_patterns(mask, mask_key)
     if order is None:
         return _patterns_one_by_one(h, J, K, patterns, which.reshape(-1))
     if K is None:  # the whole plan in one autograd node
-        m, logz, ok = split.Pairwise.apply(h, J, planner.plan(patterns, order, h.dtype, split.ENUMERATED_SPINS))
+        plan = planner.plan(patterns, order, h.dtype, split.ENUMERATED_SPINS, mask_key)
+        m, logz, ok = split.Pairwise.apply(h, J, plan)
         return split.rescued(m, logz, ok, h, J, K, mask)
-    return _buckets_with_three_body(h, J, K, planner.plan(patterns, order, h.dtype))
+    return _buckets_with_three_body(h, J, K, planner.plan(patterns, order, h.dtype, key=mask_key))
 
 
 def _buckets_with_three_body(h: Tensor, J: Tensor | None, K: Tensor, plan: planner.Plan):
@@ -139,15 +146,91 @@ def _check_options(options: dict) -> None:
 
 
 def _compiled(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
-              max_spins: int = MAX_SPINS, check: bool = True) -> Tensor:
+              max_spins: int = MAX_SPINS, mask_key: str | None = None, check: bool = True) -> Tensor:
     """The marginals as one opaque operator, what ``torch.compile`` traces: ``boltzmann_attention::exact_marginals``
     (or its ``_kept`` variant), which :mod:`boltzmann_attention.ising.opaque` registers around this module's
     solver."""
-    from . import opaque  # it imports this module
-
-    return opaque.exact_solve(h, J, K, mask, max_spins, check)
+    return exact_solve(h, J, K, mask, max_spins, check, mask_key)
 
 
-METHOD = Method("exact", marginals, log_partition, keyword_options(marginals), "exact",
+# --- the opaque operators for torch.compile (ising/opaque.py) ------------------------------------------
+
+def _exact_eager(h, J, K, mask, max_spins, check, mask_key=None):
+    """What ``ising.marginals(..., method='exact')`` does in eager: the input checks (unless the caller built
+    the inputs and checked them itself, as the attention module does), then the solver."""
+    if check:
+        check_inputs(h, J, K, mask)
+    if is_empty(h, J, K, mask):
+        return empty_result(h, J, K, mask, marginals=True)
+    return marginals(h, J, K, mask, max_spins=max_spins, mask_key=mask_key)
+
+
+@torch.library.custom_op("boltzmann_attention::exact_marginals", mutates_args=())
+def exact_marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, max_spins: int,
+                    check: bool, mask_key: str | None) -> Tensor:
+    """<s> of method 'exact' (see :mod:`boltzmann_attention.ising.exact`), computed eagerly at run time."""
+    return _exact_eager(h, J, K, mask, max_spins, check, mask_key).contiguous()  # the fake's layout
+
+
+@exact_marginals.register_fake
+def _(h, J, K, mask, max_spins, check, mask_key):
+    return h.new_empty(tuple(batch_shape(h, J, K, mask)) + (h.shape[-1],))
+
+
+@torch.library.custom_op("boltzmann_attention::exact_marginals_kept", mutates_args=())
+def exact_marginals_kept(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None,
+                         max_spins: int, check: bool, mask_key: str | None) -> tuple[Tensor, Tensor]:
+    """``exact_marginals`` and the token of its kept graph, for the backward (module docstring)."""
+    return keep(lambda h, J, K: _exact_eager(h, J, K, mask, max_spins, check, mask_key), [h, J, K])
+
+
+@exact_marginals_kept.register_fake
+def _(h, J, K, mask, max_spins, check, mask_key):
+    return h.new_empty(tuple(batch_shape(h, J, K, mask)) + (h.shape[-1],)), token_like()
+
+
+@torch.library.custom_op("boltzmann_attention::exact_marginals_backward", mutates_args=())
+def exact_marginals_backward(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, grad: Tensor,
+                             token: Tensor | None, max_spins: int, mask_key: str | None
+                             ) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients in h, J and K (an empty tensor for an absent J or K) of <grad, <s>>: through the graph kept
+    under ``token``, or by recomputation."""
+    gh, gJ, gK = grads(lambda h, J, K: _exact_eager(h, J, K, mask, max_spins, False, mask_key), [h, J, K], grad,
+                        token)
+    return gh, gJ, gK
+
+
+@exact_marginals_backward.register_fake
+def _(h, J, K, mask, grad, token, max_spins, mask_key):
+    return (h.new_empty(h.shape), h.new_empty(0) if J is None else J.new_empty(J.shape),
+            h.new_empty(0) if K is None else K.new_empty(K.shape))
+
+
+def _exact_setup(ctx, inputs, output):
+    h, J, K, mask, max_spins, check, mask_key = inputs
+    token = output[1] if isinstance(output, tuple) else None
+    ctx.save_for_backward(h, J, K, mask, token)
+    ctx.max_spins, ctx.mask_key, ctx.has = max_spins, mask_key, (J is not None, K is not None)
+
+
+def _exact_backward(ctx, grad, *token_grad):
+    h, J, K, mask, token = ctx.saved_tensors
+    gh, gJ, gK = exact_marginals_backward(h, J, K, mask, grad, token, ctx.max_spins, ctx.mask_key)
+    return gh, none_if_empty(gJ, ctx.has[0]), none_if_empty(gK, ctx.has[1]), None, None, None, None
+
+
+exact_marginals.register_autograd(_exact_backward, setup_context=_exact_setup)
+exact_marginals_kept.register_autograd(_exact_backward, setup_context=_exact_setup)
+
+
+def exact_solve(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, max_spins: int,
+                check: bool = True, mask_key: str | None = None) -> Tensor:
+    """What ``torch.compile`` traces for method 'exact': the kept variant where a gradient is wanted."""
+    if wants_grad(h, J, K):
+        return exact_marginals_kept(h, J, K, mask, max_spins, check, mask_key)[0]
+    return exact_marginals(h, J, K, mask, max_spins, check, mask_key)
+
+
+METHOD = Method("exact", marginals, log_partition, keyword_options(marginals, frozenset({"mask_key"})), "exact",
                 f"n <= {MAX_SPINS} present spins per query (option max_spins)", _check_options,
-                max_spins=MAX_SPINS, three_body=True, window=True, compiled=_compiled)
+                max_spins=MAX_SPINS, three_body=True, window=True, keyed_masks=True, compiled=_compiled)

@@ -17,6 +17,7 @@ over all its states (``float64_marginals``): the log-weights shifted by their ma
 from __future__ import annotations
 
 import math
+import sys
 from contextlib import contextmanager
 
 import torch
@@ -33,7 +34,8 @@ def exp_floor(dtype: torch.dtype) -> float:
     return math.log(torch.finfo(dtype).tiny) + 1.0
 
 
-_DENORMAL_PROBE = (torch.tensor(1e-30), torch.tensor(1e-10))  # their product is 0 when denormals are flushed
+_SMALLEST_NORMAL = sys.float_info.min  # half of it is 0 when this thread flushes denormals (Python floats and
+                                       # torch's CPU kernels share the thread's floating-point flags)
 
 
 @contextmanager
@@ -43,7 +45,7 @@ def no_denormals(device: torch.device):
     The weights u, T, v lie in [tiny, 1] and their products, ignored next to Z >= sqrt(tiny), often fall
     below tiny: denormal arithmetic is ~40x slower on x86. Flushing them changes Z by < 2^n tiny.
     """
-    if device.type != "cpu" or bool(_DENORMAL_PROBE[0] * _DENORMAL_PROBE[1] == 0):  # not CPU, or on already
+    if device.type != "cpu" or _SMALLEST_NORMAL * 0.5 == 0.0:  # not CPU, or on already (no tensor read)
         yield
         return
     torch.set_flush_denormal(True)

@@ -21,22 +21,57 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from . import checks
+
 # Bucketing cost model, in units of (query x state): a call costs CALL_OVERHEAD, and each pattern padded
 # to L spins costs (queries + TABLE_COST) * 2^L. CALL_OVERHEAD is tuned for a CPU thread at n = 12 and 16.
 CALL_OVERHEAD = 2**21
 TABLE_COST = 8
 
-_MASKS: dict = {}  # recent masks by shape and device: (mask, its mask_patterns)
+_MASKS: dict = {}  # recent masks by shape and device (and mask key): (mask, what was derived from it)
 
 
-def mask_patterns(mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+def _remembered(mask: Tensor, key: str | None, what: str):
+    """What ``what`` derived from this mask before, or None. Without a key the cache holds one mask per shape
+    and is compared with it; with a key (the caller's name for the mask's values) the mask's values are read
+    only where checks read the host (:mod:`.checks`), to refuse a key given to masks of different values."""
+    found = _MASKS.get((what, key, mask.shape, mask.device))
+    if found is None:
+        return None
+    if key is not None and not checks.on_host(mask.device):
+        return found[1]
+    if torch.equal(found[0], mask):
+        return found[1]
+    if key is not None:
+        raise ValueError(f"mask_key {key!r} was given to masks of different values: a mask key must name one "
+                         f"mask (for each shape); pass mask_key=None for masks that change")
+    return None
+
+
+def _remember(mask: Tensor, key: str | None, what: str, value):
+    _MASKS[(what, key, mask.shape, mask.device)] = (mask.clone(), value)
+    while len(_MASKS) > 16:
+        del _MASKS[next(iter(_MASKS))]
+    return value
+
+
+def present_spins(mask: Tensor, key: str | None = None) -> int:
+    """The most present spins of any query of a (..., n) mask (remembered by mask key: no read after the first)."""
+    found = _remembered(mask, key, "present")
+    if found is not None:
+        return found
+    return _remember(mask, key, "present", int(mask.sum(-1).max()) if mask.numel() else 0)
+
+
+def mask_patterns(mask: Tensor, key: str | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Distinct rows (P, n) of a (G, Q, n) mask, the pattern of each query (G, Q), and ``order`` (G, Q)
     sorting each group's queries by pattern when every group has Q / P queries of each (else None).
-    Cached: a causal mask is the same every call, and one comparison replaces the unique and the sort."""
+    Cached: a causal mask is the same every call, and one comparison replaces the unique and the sort; with a
+    mask key, not even that comparison (see ``_remembered``)."""
     G, Q, n = mask.shape
-    key = (mask.shape, mask.device)
-    if key in _MASKS and torch.equal(_MASKS[key][0], mask):
-        return _MASKS[key][1]
+    found = _remembered(mask, key, "patterns")
+    if found is not None:
+        return found
     patterns, which = _unique_rows(mask.reshape(-1, n))
     P = len(patterns)
     which = which.view(G, Q)
@@ -45,10 +80,7 @@ def mask_patterns(mask: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         sorted_which, order = torch.sort(which, dim=1, stable=True)
         if not bool((sorted_which == _pattern_ids(P, Q // P, mask.device)).all()):
             order = None
-    _MASKS[key] = (mask.clone(), (patterns, which, order))
-    while len(_MASKS) > 8:
-        del _MASKS[next(iter(_MASKS))]
-    return patterns, which, order
+    return _remember(mask, key, "patterns", (patterns, which, order))
 
 
 def _unique_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -135,16 +167,22 @@ class Plan:
 _PLANS: dict = {}  # recent plans by patterns, shapes and dtype; reused while the queries' order is the same
 
 
-def plan(patterns: Tensor, order: Tensor, dtype: torch.dtype, enumerated: int = 0) -> Plan:
+def plan(patterns: Tensor, order: Tensor, dtype: torch.dtype, enumerated: int = 0, key: str | None = None) -> Plan:
     """The ``Plan`` of these patterns and query order, cached (a causal mask gives the same one each call).
 
     enumerated: the solver enumerates systems of up to this many spins state by state (a cheaper call,
-    n 2^n work per query), which the cost model takes into account; 0 when it never does."""
-    key = tuple(patterns.flatten().tolist())
-    cache_key = (key, patterns.shape, order.shape, dtype, order.device, (CALL_OVERHEAD, TABLE_COST, enumerated))
+    n 2^n work per query), which the cost model takes into account; 0 when it never does. key: the mask key
+    the patterns came from (``mask_patterns``): the plan is then found without reading the patterns."""
+    constants = (CALL_OVERHEAD, TABLE_COST, enumerated)
+    if key is not None:
+        found = _PLANS.get((key, patterns.shape, order.shape, dtype, order.device, constants))
+        if found is not None and found.order is order:  # the patterns and order that mask_patterns remembered
+            return found
+    content = tuple(patterns.flatten().tolist())
+    cache_key = (content if key is None else key, patterns.shape, order.shape, dtype, order.device, constants)
     found = _PLANS.get(cache_key)
     if found is None or not (found.order is order or torch.equal(found.order, order)):
-        found = _PLANS[cache_key] = Plan(patterns, order, dtype, key, enumerated)
+        found = _PLANS[cache_key] = Plan(patterns, order, dtype, content, enumerated)
         while len(_PLANS) > 8:
             del _PLANS[next(iter(_PLANS))]
     return found

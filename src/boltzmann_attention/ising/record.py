@@ -28,9 +28,11 @@ class Method:
     band of couplings it solves (None: it needs no band), moved likewise; three_body: whether it takes three-body
     couplings K; toeplitz: whether it also solves J_jk = f(|j - k|) given as its profile (``ising.toeplitz``,
     never an (n, n) matrix); window: whether it also solves the coupled window (``ising.window``, a slot-indexed
-    J shared by all queries); compiled: what runs instead of ``marginals`` while ``torch.compile`` traces (one
-    opaque operator, :mod:`boltzmann_attention.ising.opaque`; it takes ``check``, False where the caller has
-    checked the inputs), None to trace ``marginals`` itself.
+    J shared by all queries); keyed_masks: whether ``marginals`` takes ``mask_key``, the caller's name for a mask
+    that is the same every call (then not read after the first, see ``exact.marginals``); compiled: what runs
+    instead of ``marginals`` while ``torch.compile`` traces (one opaque operator,
+    :mod:`boltzmann_attention.ising.opaque`; it takes ``check``, False where the caller has checked the inputs,
+    and ``mask_key``), None to trace ``marginals`` itself.
     """
 
     name: str
@@ -45,6 +47,7 @@ class Method:
     three_body: bool = False
     toeplitz: bool = False
     window: bool = False
+    keyed_masks: bool = False
     compiled: Callable | None = None
 
     def __post_init__(self):

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import numerics
+from . import checks, numerics
 from ._autograd import first_order_backward
 from .enumeration import configurations
 
@@ -89,11 +89,22 @@ def contract(log_u: Tensor, log_v: Tensor, left: Tensor, right: Tensor, SA: Tens
     return tuple(torch.cat(x, dim=1) for x in zip(*pieces)) if len(pieces) > 1 else pieces[0]
 
 
+_REFUSED = ("exact marginals: a query's partition function underflowed or its energy scale is beyond what {} "
+            "resolves; under boltzmann_attention.value_checks('host') such queries are solved again in float64 "
+            "(on the host), or pass float64 inputs")
+
+
 def rescued(m, logz, ok, h, J, K, mask=None):
     """Rows that underflowed (ok False), float32 rows whose energy scale exceeds
     numerics.FLOAT32_SCALE_LIMIT, and rows whose float64 energies may be rounded by more than
     RESOLUTION_TOLERANCE allows (``resolved_scale``), recomputed by the float64 fallback, which checks
     the last ones (``check_resolution``)."""
+    if not checks.on_host(h.device):  # no host read: the same rows refused by an asynchronous assert
+        limit = resolved_scale(h.shape[-1])
+        if h.dtype != torch.float64:
+            limit = min(limit, numerics.FLOAT32_SCALE_LIMIT)
+        torch._assert_async((ok & (numerics.energy_scale(h, J, K) <= limit)).all(), _REFUSED.format(h.dtype))
+        return m, logz
     limit = numerics.FLOAT32_SCALE_LIMIT
     bound = numerics.energy_bound(h, J, K) if h.numel() else 0.0
     if h.dtype != torch.float64 and bound > limit:  # rounding of large log-weights:
@@ -207,7 +218,9 @@ def _contract_forward(log_u, log_v, left, right, SA, SB):
     pa = u * kv
     z = pa.sum(-1)
     ok = z > torch.finfo(z.dtype).tiny ** 0.5  # False for NaN too
-    if not bool(ok.all()):  # keep NaN / inf of bad rows (and tables) out of the results and gradients
+    # keep NaN / inf of bad rows (and tables) out of the results and gradients; without host reads the rows
+    # are refused (``rescued``), so there is nothing to keep out
+    if checks.on_host(z.device) and not bool(ok.all()):
         table.sanitise = True
         u = torch.where(ok[..., None], u, 0.0).nan_to_num_(0.0, 0.0, 0.0)
         v = torch.where(ok[..., None], v, 0.0).nan_to_num_(0.0, 0.0, 0.0)
@@ -351,7 +364,7 @@ def _enumerated_forward(h: Tensor, J: Tensor):
     p = p.div_(z)
     logz = z.log_().add_(shift).squeeze(-1)
     ok = torch.isfinite(logz)
-    if not bool(ok.all()):  # values beyond the dtype: placeholders (marginals 0), no gradient
+    if checks.on_host(h.device) and not bool(ok.all()):  # beyond the dtype: placeholders (0), no gradient
         p = torch.where(ok[..., None], p, 0.0)
         logz = torch.where(ok, logz, 0.0)
     m = p @ S

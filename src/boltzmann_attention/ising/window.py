@@ -36,6 +36,7 @@ from torch import Tensor
 
 from . import exact, numerics, split
 from ._inputs import group_queries
+from .opaque import grads, keep, token_like, wants_grad
 
 MAX_SPINS = 24
 
@@ -66,10 +67,11 @@ def check_window(J: Tensor | None, window: int, max_spins: int = MAX_SPINS) -> N
         raise ValueError("window couplings must be symmetric: J_ab and J_ba are the same coupling")
 
 
-def marginals(h: Tensor, J: Tensor, present: Tensor | None = None) -> Tensor:
-    """<s_a> of the window system, shape of the broadcast (..., W). See the module docstring."""
+def marginals(h: Tensor, J: Tensor, present: Tensor | None = None, mask_key: str | None = None) -> Tensor:
+    """<s_a> of the window system, shape of the broadcast (..., W). See the module docstring; mask_key names
+    ``present`` as in :func:`boltzmann_attention.ising.exact.marginals` (not read after the first call)."""
     if present is not None:  # each query on its present slots only (method exact's mask patterns)
-        return exact.marginals(h, J, None, present, max_spins=h.shape[-1])
+        return exact.marginals(h, J, None, present, max_spins=h.shape[-1], mask_key=mask_key)
     g = group_queries(h, J, None, None)
     return g.ungroup(_split(g.h, g.J))
 
@@ -117,3 +119,72 @@ def _contract(log_u: Tensor, log_v: Tensor, table: Tensor, SA1: Tensor, SB1: Ten
     m = torch.cat([sums_a[..., :-1], sums_b[..., :-1]], dim=-1) / safe[..., None]
     logz = torch.log(safe) + (shift_u + shift_v).squeeze(-1)
     return torch.where(ok[..., None], m, 0.0), logz, ok
+
+
+# --- the opaque operators for torch.compile (ising/opaque.py) ------------------------------------------
+
+def _window_eager(h, J, present, mask_key=None):
+    return marginals(h, J, present, mask_key)
+
+
+@torch.library.custom_op("boltzmann_attention::window_marginals", mutates_args=())
+def window_marginals(h: Tensor, J: Tensor, present: Tensor | None, mask_key: str | None) -> Tensor:
+    """<s_a> of the coupled window (:func:`boltzmann_attention.ising.window.marginals`), eagerly at run time."""
+    return _window_eager(h, J, present, mask_key).contiguous()
+
+
+def _window_fake(h, J, present, mask_key=None):
+    shapes = [h.shape[:-1], J.shape[:-2]] + ([present.shape[:-1]] if present is not None else [])
+    return h.new_empty(tuple(torch.broadcast_shapes(*shapes)) + (h.shape[-1],))
+
+
+window_marginals.register_fake(_window_fake)
+
+
+@torch.library.custom_op("boltzmann_attention::window_marginals_kept", mutates_args=())
+def window_marginals_kept(h: Tensor, J: Tensor, present: Tensor | None, mask_key: str | None
+                          ) -> tuple[Tensor, Tensor]:
+    """``window_marginals`` and the token of its kept graph, for the backward (module docstring)."""
+    return keep(lambda h, J: _window_eager(h, J, present, mask_key), [h, J])
+
+
+@window_marginals_kept.register_fake
+def _(h, J, present, mask_key):
+    return _window_fake(h, J, present), token_like()
+
+
+@torch.library.custom_op("boltzmann_attention::window_marginals_backward", mutates_args=())
+def window_marginals_backward(h: Tensor, J: Tensor, present: Tensor | None, grad: Tensor,
+                              token: Tensor | None, mask_key: str | None) -> tuple[Tensor, Tensor]:
+    gh, gJ = grads(lambda h, J: _window_eager(h, J, present, mask_key), [h, J], grad, token)
+    return gh, gJ
+
+
+@window_marginals_backward.register_fake
+def _(h, J, present, grad, token, mask_key):
+    return h.new_empty(h.shape), J.new_empty(J.shape)
+
+
+def _window_setup(ctx, inputs, output):
+    h, J, present, mask_key = inputs
+    token = output[1] if isinstance(output, tuple) else None
+    ctx.save_for_backward(h, J, present, token)
+    ctx.mask_key = mask_key
+
+
+def _window_backward(ctx, grad, *token_grad):
+    h, J, present, token = ctx.saved_tensors
+    gh, gJ = window_marginals_backward(h, J, present, grad, token, ctx.mask_key)
+    return gh, gJ, None, None
+
+
+window_marginals.register_autograd(_window_backward, setup_context=_window_setup)
+window_marginals_kept.register_autograd(_window_backward, setup_context=_window_setup)
+
+
+def window_solve(h: Tensor, J: Tensor, present: Tensor | None, mask_key: str | None = None) -> Tensor:
+    """What ``torch.compile`` traces for the coupled window's marginals: the kept variant where a gradient is
+    wanted."""
+    if wants_grad(h, J):
+        return window_marginals_kept(h, J, present, mask_key)[0]
+    return window_marginals(h, J, present, mask_key)
