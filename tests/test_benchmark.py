@@ -331,6 +331,18 @@ def test_relative_steps_smoke_run_states_each_ratio_against_its_target(capsys, t
                     f"{saved['relative 3'] / saved['h-rope']:.2f}x |"]  # range 3 has no target
 
 
+def test_the_relative_breakdown_finds_the_banded_solve_in_the_coupled_step_only(capsys, tmp_path):
+    out = _bench(capsys, "relative-steps", "--sizes", "72", "--ranges", "4", "--batch", "2", "--layers", "1",
+                 "--steps", "1", "--rounds", "1", "--breakdown", "--json", str(tmp_path / "r.json"))
+    rows = {r["name"]: r for r in json.loads((tmp_path / "r.json").read_text())["breakdown"]["72"]}
+    plain, coupled = rows["h-rope"], rows["relative 4"]
+    assert plain["banded_forward_ms"] == plain["banded_backward_ms"] == 0 and plain["banded_ops"] == 0
+    assert coupled["banded_forward_ms"] > 0 and coupled["banded_backward_ms"] > 0 and coupled["banded_ops"] > 0
+    for r in rows.values():
+        assert r["rest_ms"] == pytest.approx(r["step_ms"] - r["banded_forward_ms"] - r["banded_backward_ms"])
+    assert f"| 72 | relative 4 | {coupled['step_ms']:.1f} | {coupled['banded_forward_ms']:.1f} |" in out
+
+
 def test_steps_smoke_run_of_a_profile(capsys):
     out = _bench(capsys, "steps", "--profile", "quick", "--match", "T4-h", "--steps", "1", "--rounds", "2",
                  "--warmup", "1")

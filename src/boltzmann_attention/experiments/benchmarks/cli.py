@@ -5,7 +5,7 @@
     boltzmann-attention-bench approximations [--only accuracy | scaling] [--plot PNG] [--json PATH]
     boltzmann-attention-bench window [--T N] [--B N] [--W N] [--threads N ...] [--repeats N]
     boltzmann-attention-bench banded [--baseline COMMIT] [--T N] [--heads N] [--d-model N]
-    boltzmann-attention-bench relative-steps [--sizes T ...] [--ranges b ...] [--batch N] [--layers N]
+    boltzmann-attention-bench relative-steps [--sizes T ...] [--ranges b ...] [--breakdown] [--batch N] [--layers N]
     boltzmann-attention-bench grid-throughput --before CHECKOUT [--after CHECKOUT] [--profile NAME]
     boltzmann-attention-bench dqa-calibration DIR [--quick]
 
@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=positive_int, default=2, help="transformer blocks (default: %(default)s)")
     p.add_argument("--heads", type=positive_int, default=2, help="attention heads (default: %(default)s)")
     p.add_argument("--d-model", type=positive_int, default=64, help="model width (default: %(default)s)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also profile one step of each: the banded solve's share and its operator calls "
+                        "(default: off)")
     p.add_argument("--steps", type=positive_int, default=3,
                    help="steps per configuration and round (default: %(default)s)")
     p.add_argument("--rounds", type=positive_int, default=3,
@@ -320,7 +323,15 @@ def run_relative_steps(args) -> None:
           f"{plural(args.heads, 'head')}, d_model {args.d_model}, batch {args.batch}, RoPE), median of "
           f"{plural(args.rounds, 'interleaved round')} of {plural(args.steps, 'step')}, wall ms:\n")
     print(training.relative_step_table(rows))
-    _write_json(args.json, {"machine": stamp, "relative_steps": rows})
+    breakdown = {}
+    if args.breakdown:
+        print("\nOne profiled step each (torch.profiler, after two warm-up steps): the banded solve's forward and "
+              "backward, the rest of the step, and aten operator calls (the solve's: the step's less h-rope's):\n")
+        for T in args.sizes:
+            breakdown[T] = training.relative_step_breakdown(T, args.ranges, threads=args.threads, batch=args.batch,
+                                                           layers=args.layers, heads=args.heads, d_model=args.d_model)
+            print(training.relative_breakdown_table(T, breakdown[T]))
+    _write_json(args.json, {"machine": stamp, "relative_steps": rows, "breakdown": breakdown})
 
 
 def run_grid_throughput(args) -> None:

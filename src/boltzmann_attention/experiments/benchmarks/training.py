@@ -205,6 +205,46 @@ def relative_step_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def relative_step_breakdown(T: int, ranges=tuple(RELATIVE_TARGETS), threads: int = 1, **model) -> list[dict]:
+    """Where each config's step time goes (one profiled step after two warm-up steps, torch.profiler): the
+    banded solve's forward and backward (its autograd function ``_Banded``), the rest, and the number of aten
+    operator calls in the step and in the solve. Returns one {name, step_ms, banded_forward_ms,
+    banded_backward_ms, rest_ms, ops, banded_ops} per config of :func:`relative_step_configs`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(threads)
+    rows = []
+    for name, cfg in relative_step_configs(T, ranges, **model).items():
+        task, net, optimizer, _, generator = setup_run(cfg)
+        for _ in range(2):
+            train_step(net, net, optimizer, *task.batch(cfg.batch_size, generator), cfg)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            train_step(net, net, optimizer, *task.batch(cfg.batch_size, generator), cfg)
+        events = prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in events) / 1e3
+        forward = sum(e.cpu_time_total for e in events if e.key == "_Banded") / 1e3
+        backward = sum(e.cpu_time_total for e in events if e.key == "_BandedBackward") / 1e3
+        ops = sum(e.count for e in events if e.key.startswith("aten::"))
+        rows.append({"name": name, "step_ms": total, "banded_forward_ms": forward, "banded_backward_ms": backward,
+                     "rest_ms": total - forward - backward, "ops": ops})
+    base = next(r["ops"] for r in rows if r["name"] == "h-rope")
+    for r in rows:
+        r["banded_ops"] = r["ops"] - base  # the same model and step but the solve: its operator calls
+    return rows
+
+
+def relative_breakdown_table(T: int, rows: list[dict]) -> str:
+    lines = ["| T | config | profiled step ms | banded forward ms | banded backward ms | rest ms | aten calls | "
+             "of them the solve's | µs per solve call |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        banded = r["banded_forward_ms"] + r["banded_backward_ms"]
+        per_call = f"{1e3 * banded / r['banded_ops']:.1f}" if r["banded_ops"] else ""
+        lines.append(f"| {T} | {r['name']} | {r['step_ms']:.1f} | {r['banded_forward_ms']:.1f} | "
+                     f"{r['banded_backward_ms']:.1f} | {r['rest_ms']:.1f} | {r['ops']} | {r['banded_ops']} | "
+                     f"{per_call} |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------- a profile's grid in two source trees
 
 # Run in a fresh interpreter with one tree's src on its path; uses only names every tree provides.
