@@ -5,7 +5,7 @@ A sequence holds ``num_blocks`` blocks of ``block_size`` (N) distinct letters, s
 then '=' and the target block's letters in order. To answer, a query must find the block whose letters are
 all attended together: one query letter's match is not enough (another block may hold it). The loss and the
 metrics are on the N answer letters only (teacher forcing: each answer letter is predicted from the sequence
-before it). Sequences are left-padded to the window T; the padding carries no loss.
+before it). Sequences are left-padded to the context length T; the padding carries no loss.
 
 Tokens: 0 padding, 1 '.', 2 '#', 3 '=', then the 26 letters a..z (4..29). Training batches are drawn on the fly
 from the run's generator; the validation and test sets are fixed: ``VALIDATION_SIZE`` sequences each, from
@@ -43,7 +43,7 @@ def length(block_size: int = BLOCK_SIZE, query_size: int = QUERY_SIZE, num_block
 
 
 def check_options(T: int, block_size: int, query_size: int, num_blocks: int) -> None:
-    """ValueError naming an option out of range, or a window T too short for the sequences."""
+    """ValueError naming an option out of range, or a context length T too short for the sequences."""
     for name, value, low, high in (("block_size", block_size, 1, LETTERS), ("query_size", query_size, 1, block_size),
                                    ("num_blocks", num_blocks, 1, None), ("T", T, 1, None)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
@@ -134,8 +134,8 @@ def text(row: Tensor) -> str:
 
 
 class BlockData:
-    """The task at window T with its options: ``train_batch`` draws fresh sequences from a generator; ``val`` and
-    ``test`` are the fixed validation and test sets (inputs, targets) of ``val_size`` sequences each."""
+    """The task at context length T with its options: ``train_batch`` draws fresh sequences from a generator;
+    ``val`` and ``test`` are the fixed validation and test sets (inputs, targets) of ``val_size`` sequences each."""
 
     def __init__(self, T: int, block_size: int = BLOCK_SIZE, query_size: int = QUERY_SIZE,
                  num_blocks: int = NUM_BLOCKS, val_size: int = VALIDATION_SIZE):

@@ -237,7 +237,7 @@ def _fraction(name: str, value) -> float:
 
 
 def word_pairs(T: int, min_fill: float = MIN_FILL, max_fill: float = MAX_FILL) -> tuple[int, int]:
-    """The range (lo, hi) of the number of bracket pairs p of a word at window T for these fill fractions.
+    """The range (lo, hi) of the number of bracket pairs p of a word at context length T for these fill fractions.
 
     A word of p pairs fills 2p of the 2 * (T // 2) slots the longest word fits; p is uniform over the integers
     with ``min_fill <= p / (T // 2) <= max_fill``, every word having at least one pair (a ``max_fill`` below

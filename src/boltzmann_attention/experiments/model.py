@@ -46,10 +46,10 @@ from .config import INITS, LAYER_POSITION, POSITIONS, ArchConfig, AttentionConfi
 
 @dataclass
 class ModelConfig:
-    """Everything the model needs: the vocabulary, the window T, the architecture and the attention's options."""
+    """Everything the model needs: the vocabulary, the context length T, the architecture, the attention's options."""
 
     vocab_size: int
-    max_len: int                      # the window T
+    max_len: int                      # the context length T
     arch: ArchConfig = field(default_factory=ArchConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     head: str = "lm"                  # lm | position

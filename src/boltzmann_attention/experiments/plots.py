@@ -61,7 +61,7 @@ def legend(ax, fontsize: float = 7, **kwargs) -> None:
 
 
 def window_axis(ax, Ts) -> None:
-    """An x-axis of windows T: a tick at each measured T, padded so that points offset around a single T
+    """An x-axis of context lengths T: a tick at each measured T, padded so that points offset around a single T
     stay on an axis labelled by T itself, never by the offsets."""
     Ts = sorted(set(Ts))
     if not Ts:
@@ -148,7 +148,7 @@ def plot_metric(res: Results, task: str, variant: str, spec: dict, path: Path, p
 
 
 def _plot_paper(axis, paper: dict, mode: str, color: str) -> set[int]:
-    """The paper's numbers of a mode as open markers; returns their windows T."""
+    """The paper's numbers of a mode as open markers; returns their context lengths T."""
     pts = sorted((T, v) for (m, T), v in paper.items() if m == mode)
     if pts:
         x, y = np.array(pts).T

@@ -623,7 +623,7 @@ def calibrate_energy_scale(target_beta: float = 1.0, *, sizes: tuple[int, ...] =
     c minimises the mean over random systems of KL(p_DQA(c) || p_target), p_target(s) proportional to
     exp(-target_beta E(s)) (:func:`calibration_objective`). The systems (:func:`calibration_systems`):
     ``num_systems`` per size in ``sizes``, h_j ~ N(field_mean, field_std^2), J_jk ~ N(0, coupling_std^2),
-    seeded. The defaults follow what training produced: the DQA study's windows T = 4, 6, 8; h+J models
+    seeded. The defaults follow what training produced: the DQA study's context lengths T = 4, 6, 8; h+J models
     trained on Shakespeare (2000 steps, measured once on one batch) fed their marginals fields of mean -1.28,
     -1.31, -1.46 and std 0.41, 0.38, 0.52 at T = 4, 8, 16 (the learned field bias near -log(T) / 2 plus
     the QK scores), and the committed runs' learned J have an rms of 0.12 to 0.29 per entry at T = 4..16

@@ -67,14 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "processes of 2 threads on 2 cores spin (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the results to this JSON file (default: none)")
 
-    p = _command(sub, "steps", "training steps side by side: the paper's model per mode and window T, or with "
+    p = _command(sub, "steps", "training steps side by side: the paper's model per mode and context length T, or with "
                                "--profile every distinct step configuration of a profile's runs")
     p.add_argument("--profile", help="time this profile's step configurations instead (default: none, the paper's "
                                      "model)")
     p.add_argument("--match", metavar="TEXT",
                    help="with --profile: only the configurations whose run name contains TEXT (default: all)")
     p.add_argument("--sizes", type=positive_int, nargs="+", default=list(range(4, 17)),
-                   help="without --profile: the windows T (default: 4 to 16)")
+                   help="without --profile: the context lengths T (default: 4 to 16)")
     p.add_argument("--batch", type=positive_int, default=64,
                    help="without --profile: batch size (default: %(default)s)")
     p.add_argument("--steps", type=positive_int, default=10,
@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "relative-steps", "training steps of the find-the-block model: h+J with relative couplings "
                                         "(exact by method 'banded') against h-rope, interleaved, with the speed "
                                         "targets (range 4 <= 2.5x, range 6 <= 4x)")
-    p.add_argument("--sizes", type=positive_int, nargs="+", default=[128, 256], help="windows T (default: 128 256)")
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=[128, 256],
+                   help="context lengths T (default: 128 256)")
     p.add_argument("--ranges", type=positive_int, nargs="+", default=[4, 6],
                    help="coupling ranges b (default: 4 6)")
     p.add_argument("--batch", type=positive_int, default=32, help="batch size (default: %(default)s)")

@@ -29,7 +29,7 @@ STEP_MODES = ("softmax", "h", "h+J")
 def training_step_rows(sizes=range(4, 17), modes=STEP_MODES, batch: int = 64, rounds: int = 7,
                        vocab: int = 65, threads: int = 1, warmup: int = 2) -> list[dict]:
     """Median wall time of one training step of the paper's model (1 layer, 1 head, d_model 64, d_ff 128)
-    per mode and window T, batch ``batch``, ``threads`` threads (1: the setting under which two training
+    per mode and context length T, batch ``batch``, ``threads`` threads (1: the setting under which two training
     processes share the 2 cores without OpenMP spinning). The modes are interleaved step by step
     (``rounds`` rounds after ``warmup`` steps each). Returns one {T, mode: seconds, ...} per T.
     """
@@ -84,7 +84,7 @@ def inductor_cache_state() -> str:
 def compiled_step_rows(sizes=(8, 16), modes=tuple(COMPILED_MODES), batch: int = 64, rounds: int = 7,
                        vocab: int = 65, threads: int = 1, warmup: int = 2) -> list[dict]:
     """The training step of the paper's model eager and under ``torch.compile(model, fullgraph=True)``, per mode
-    and window T: the same step as :func:`training_step_rows` (the optimiser and clipping stay eager), both
+    and context length T: the same step as :func:`training_step_rows` (the optimiser and clipping stay eager), both
     variants of every mode interleaved step by step. 'window' is the coupled window of min(4, T) keys. Method
     'exact' and the window's marginals are opaque operators to the compiler, solved once per compiled step
     (the backward differentiates the graph the forward kept; see ising/opaque.py). Returns one {T, mode,
@@ -170,7 +170,7 @@ RELATIVE_TARGETS = {4: 2.5, 6: 4.0}  # coupling range: the largest step time acc
 
 def relative_step_configs(T: int, ranges=tuple(RELATIVE_TARGETS), batch: int = 32, layers: int = 2, heads: int = 2,
                           d_model: int = 64) -> dict[str, TrainConfig]:
-    """The find-the-block task's step at window T: h-rope (sigmoid attention with RoPE, field bias -log T)
+    """The find-the-block task's step at context length T: h-rope (sigmoid attention with RoPE, field bias -log T)
     and h+J with relative couplings of each range b, exact by method 'banded', with RoPE."""
     base = dict(task="blocks", T=T, position="rope", batch_size=batch, n_layers=layers, n_heads=heads,
                 d_model=d_model)

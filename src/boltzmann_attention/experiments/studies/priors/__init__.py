@@ -123,7 +123,7 @@ def variant(arm: str, lr: float, T: int = NANOGPT_T, steps: int | None = None) -
 
 
 def overrides(arm: Arm, lr: float, T: int = NANOGPT_T, steps: int | None = None) -> dict:
-    """The config fields of ``arm`` at ``lr`` and window T (besides task, T, mode, method, seed)."""
+    """The config fields of ``arm`` at ``lr`` and context length T (besides task, T, mode, method, seed)."""
     long = {}
     if T != NANOGPT_T:
         n = steps or LONG_STEPS
