@@ -27,7 +27,7 @@ def test_stage_1_is_every_new_arm_at_every_lr_and_every_config_is_valid():
     assert by_arm["h-slot16"].attention.slot_bias == 16 and by_arm["h-slot16"].attention.mode == "h"
     assert by_arm["window16-slot16"].attention.coupling_window == 16
     assert by_arm["window16-slot16"].attention.slot_bias == 16
-    assert by_arm["fox"].model.position == "none" and by_arm["softmax-rope"].model.position == "rope"
+    assert by_arm["fox"].arch.position == "none" and by_arm["softmax-rope"].arch.position == "rope"
     # the twin differs from the coupled arm in the couplings only
     a, b = by_arm["h-slot16"].flat(), by_arm["window16-slot16"].flat()
     assert {k for k in a if a[k] != b[k]} == {"mode", "coupling", "coupling_window"}
@@ -169,7 +169,8 @@ def test_later_stages_rules_and_report_on_planted_runs(tmp_path):
 
 
 def test_the_recorded_decisions_are_the_rules_on_the_archived_runs():
-    """decisions.json against the committed archive: every decided lr and stage-2 choice is what the rule gives."""
+    """decisions.json against the committed archive: every decided lr, stage-2 choice and stage 4's steps is what
+    the rule gives."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "report"
@@ -186,3 +187,5 @@ def test_the_recorded_decisions_are_the_rules_on_the_archived_runs():
     for key in ("softmax_position", "best_uncoupled", "best_coupled"):
         if getattr(RECORDED, key) is not None:
             assert choices[key] == getattr(RECORDED, key)
+    if RECORDED.equal_compute_steps is not None:  # stage 4's steps, from the stage-3 wall times
+        assert priors.decide_equal_compute_steps(res, RECORDED) == RECORDED.equal_compute_steps

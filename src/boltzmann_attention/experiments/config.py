@@ -2,7 +2,7 @@
 
     TrainConfig            seed, steps, batch_size
       .data    DataConfig        the task and its data: task, T, eval_windows, the bracket task's difficulty
-      .model   ArchConfig        the Transformer around the attention: widths, depth, init, position scheme
+      .arch    ArchConfig        the Transformer around the attention: widths, depth, init, position scheme
       .attention AttentionConfig  the attention layer's options, passed as they are to BoltzmannAttention
       .optim   OptimConfig       AdamW and its schedule
       .measure MeasureConfig     what is measured besides training: evaluation interval, memory probe
@@ -54,7 +54,7 @@ def option(default, help: str, **metadata):
 @dataclass
 class DataConfig:
     task: str = option("shakespeare", "the task", choices=TASKS)
-    T: int = option(8, "window length: the number of keys (spins) per query")
+    T: int = option(8, "context length: the number of keys (spins) per query")
     eval_windows: int = option(2048, "Shakespeare: number of fixed validation windows")
     num_fillers: int = option(8, "brackets: number of filler symbols")
     train_sequences: int = option(20000, "brackets: size of the fixed training set (validation and test: 2000 each)")
@@ -131,7 +131,8 @@ class MeasureConfig:
                                         "memory the result records (0: off)")
 
 
-SECTIONS = {"data": DataConfig, "model": ArchConfig, "attention": AttentionConfig, "optim": OptimConfig,
+LEGACY_ARCH_SECTION = "model"  # the arch section's name in configs saved before it took ModelConfig's word
+SECTIONS = {"data": DataConfig, "arch": ArchConfig, "attention": AttentionConfig, "optim": OptimConfig,
             "measure": MeasureConfig}
 
 
@@ -141,7 +142,7 @@ class TrainConfig:
     steps: int = option(4000, "optimiser steps")
     batch_size: int = option(64, "sequences per step")
     data: DataConfig = field(default_factory=DataConfig)
-    model: ArchConfig = field(default_factory=ArchConfig)
+    arch: ArchConfig = field(default_factory=ArchConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
@@ -195,10 +196,12 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, saved: dict) -> TrainConfig:
-        """A config as saved in a result or checkpoint: nested (``dataclasses.asdict``) or, from results
-        written before the nesting, flat."""
+        """A config as saved in a result or checkpoint: nested (``dataclasses.asdict``; the arch section under its
+        earlier name ``model`` too) or, from results written before the nesting, flat."""
         if not isinstance(saved, dict):
             raise ValueError(f"a saved config must be a dict, got {type(saved).__name__}")
+        if isinstance(saved.get(LEGACY_ARCH_SECTION), dict) and "arch" not in saved:
+            saved = {("arch" if k == LEGACY_ARCH_SECTION else k): v for k, v in saved.items()}
         if any(isinstance(saved.get(name), dict) for name in SECTIONS):
             flat = {k: v for k, v in saved.items() if k not in SECTIONS}
             for name in SECTIONS:
@@ -229,7 +232,7 @@ class TrainConfig:
         its rules and words apply and nothing is allocated); the limits of the marginal method at this T. Warns
         (UserWarning) when warm-up never ends (warmup_steps >= steps).
         """
-        d, m, a, o = self.data, self.model, self.attention, self.optim
+        d, m, a, o = self.data, self.arch, self.attention, self.optim
         _choice("task", d.task, TASKS)
         _integer("T", d.T, 2)
         _integer("seed", self.seed, 0, MAX_SEED - 1)

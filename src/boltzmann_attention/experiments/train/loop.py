@@ -393,8 +393,8 @@ class Unconverged:
 
 
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
-    """The model of ``cfg`` for a vocabulary: its window T, architecture, attention, and the task's head."""
-    return ModelConfig(vocab_size=vocab_size, max_len=cfg.data.T, arch=cfg.model, attention=cfg.attention,
+    """The model of ``cfg`` for a vocabulary: its context length T, architecture, attention, and the task's head."""
+    return ModelConfig(vocab_size=vocab_size, max_len=cfg.data.T, arch=cfg.arch, attention=cfg.attention,
                        head="position" if cfg.data.task == "brackets" else "lm")
 
 
