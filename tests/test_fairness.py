@@ -4,15 +4,16 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 from test_report import table_after, write_run
 
 from boltzmann_attention.experiments import cli
 from boltzmann_attention.experiments import sweep as experiments
+from boltzmann_attention.experiments.recipes import FIELD_BIASES, field_bias
 from boltzmann_attention.experiments.results import Results, load_runs
 from boltzmann_attention.experiments.stats import holm, paired, points, relative
 from boltzmann_attention.experiments.studies import fair, profile, study_of, write_report
-from boltzmann_attention.experiments.sweep import FIELD_BIASES, field_bias_config
 from boltzmann_attention.experiments.tables import fmt_interval
 
 SEEDS = (0, 1, 2, 3, 4)
@@ -22,13 +23,25 @@ OFFSETS = (-0.2, -0.1, 0.0, 0.1, 0.2)  # per-seed deviation of a planted improve
 # ----------------------------------------------------------------------------------------------------- grid
 
 def test_field_bias_config_values():
-    assert field_bias_config("fixed-0", 12) == {"field_bias_init": 0.0, "learn_field_bias": False}
-    assert field_bias_config("learn-0", 12) == {"field_bias_init": 0.0, "learn_field_bias": True}
-    assert field_bias_config("learn-half-log-T", 12)["field_bias_init"] == pytest.approx(-0.5 * math.log(12))
-    assert field_bias_config("fixed-log-T", 8) == {"field_bias_init": pytest.approx(-math.log(8)),
+    assert field_bias("fixed-0").config(12) == {"field_bias_init": 0.0, "learn_field_bias": False}
+    assert field_bias("learn-0").config(12) == {"field_bias_init": 0.0, "learn_field_bias": True}
+    assert field_bias("learn-half-log-T").config(12)["field_bias_init"] == pytest.approx(-0.5 * math.log(12))
+    assert field_bias("fixed-log-T").config(8) == {"field_bias_init": pytest.approx(-math.log(8)),
                                                    "learn_field_bias": False}
     with pytest.raises(ValueError, match="unknown field bias 'learn-1'.*fixed-0"):
-        field_bias_config("learn-1", 12)
+        field_bias("learn-1")
+
+
+def test_the_default_field_bias_is_what_the_layer_does_without_one():
+    """The variant the fair study chose (its decisions.json) is TrainConfig's and the layer's default: a grid at
+    the default leaves the field-bias fields alone, so the two must agree."""
+    from boltzmann_attention import BoltzmannAttention
+    from boltzmann_attention.experiments.recipes import DEFAULT_FIELD_BIAS
+
+    chosen = field_bias(DEFAULT_FIELD_BIAS).config(12)
+    layer = BoltzmannAttention(16, 2, max_len=12, mode="h", causal=True)
+    assert torch.allclose(layer.field_bias, torch.full_like(layer.field_bias, chosen["field_bias_init"]))
+    assert layer.field_bias.requires_grad == chosen["learn_field_bias"]
 
 
 def test_fair_profile_pairs_seeds_and_covers_every_variant():
@@ -76,7 +89,7 @@ def test_reproduce_writes_a_non_default_bias_apart(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["reproduce", "--profile", "quick", "--field-bias", "fixed-0"]) == 0
     assert str(seen["out"]) == "results/quick-bias-fixed-0"
-    assert all(g.field_bias == "fixed-0" for g in seen["grids"])
+    assert all(g.field_bias == FIELD_BIASES["fixed-0"] for g in seen["grids"])
 
 
 # ----------------------------------------------------------------------------------------------- statistics
@@ -141,7 +154,7 @@ def build_fair_results(root):
         write_run(root, "brackets", 12, "softmax", seed, variant="fair", val=acc, test=acc)
         for (mode, bias), rel in PLANTED.items():
             # h and h+J share the per-seed offset, so h+J vs h is exact wherever both plants are equal
-            cfg = field_bias_config(bias, 12)
+            cfg = field_bias(bias).config(12)
             write_run(root, "shakespeare", 12, mode, seed, variant=f"bias-{bias}",
                       val=shakespeare_val(planted_ppl(rel, seed)), **cfg)
             acc = {"loss": 0.3, "accuracy": PLANTED_ACC[mode] + 0.001 * OFFSETS[seed]}
@@ -150,9 +163,9 @@ def build_fair_results(root):
                   val=shakespeare_val(softmax_ppl(seed) - 0.5))
         for mode, rel in (("h", 1.0), ("h+J", 3.0)):
             write_run(root, "shakespeare", 12, mode, seed, variant="long-bias-learn-0", steps=16000,
-                      val=shakespeare_val(planted_ppl(rel, seed) - 0.5), **field_bias_config("learn-0", 12))
+                      val=shakespeare_val(planted_ppl(rel, seed) - 0.5), **field_bias("learn-0").config(12))
         write_run(root, "shakespeare", 12, "h+J", seed, variant="jlr3-bias-learn-0", coupling_lr_multiplier=3.0,
-                  val=shakespeare_val(planted_ppl(2.5, seed)), **field_bias_config("learn-0", 12))
+                  val=shakespeare_val(planted_ppl(2.5, seed)), **field_bias("learn-0").config(12))
         # brackets without the FFN: its own softmax (90%); h+J 95%, h 85%, J 70% under every bias
         acc = {"loss": 0.4, "accuracy": 0.90}
         write_run(root, "brackets", 12, "softmax", seed, variant="noffn-fair", val=acc, test=acc, d_ff=0)
@@ -160,10 +173,10 @@ def build_fair_results(root):
             for bias in FIELD_BIASES:
                 acc = {"loss": 0.5 - a / 10 + 0.001 * seed, "accuracy": a + 0.001 * OFFSETS[seed]}
                 write_run(root, "brackets", 12, mode, seed, variant=f"noffn-bias-{bias}", val=acc, test=acc, d_ff=0,
-                          **field_bias_config(bias, 12))
+                          **field_bias(bias).config(12))
         acc = {"loss": 0.3, "accuracy": 0.97}
         write_run(root, "brackets", 12, "h+J", seed, variant="noffn-jinit0.1-bias-learn-0", val=acc, test=acc,
-                  d_ff=0, coupling_init_std=0.1, **field_bias_config("learn-0", 12))
+                  d_ff=0, coupling_init_std=0.1, **field_bias("learn-0").config(12))
 
 
 @pytest.fixture(scope="module")

@@ -633,8 +633,8 @@ def test_the_study_registry():
     from pathlib import Path
 
     from boltzmann_attention.experiments import studies
+    from boltzmann_attention.experiments.recipes import DEFAULT_FIELD_BIAS
     from boltzmann_attention.experiments.results import Results, _load_run
-    from boltzmann_attention.experiments.sweep import DEFAULT_FIELD_BIAS
 
     assert studies.profiles() == ("quick", "full", "baselines", "blocks", "brackets-calibration", "brackets-hard",
                                   "fair", "priors", "realsize", "sampling", "dqa-boltzmann", "twin")

@@ -125,6 +125,18 @@ def test_the_same_value_flat_and_nested_is_read_and_sections_must_be_their_datac
     assert TrainConfig(optim=OptimConfig(lr=0.1)).lr == 0.1
 
 
+def test_a_config_saved_with_the_arch_section_under_its_earlier_name_reads_the_same():
+    from dataclasses import asdict
+
+    from boltzmann_attention.experiments.config import TrainConfig
+
+    cfg = TrainConfig.build(d_model=32, n_layers=2, lr=0.01)
+    saved = asdict(cfg)
+    earlier = {("model" if k == "arch" else k): v for k, v in saved.items()}
+    assert "arch" in saved and "model" not in saved
+    assert TrainConfig.from_dict(earlier) == cfg and TrainConfig.from_dict(earlier).arch.d_model == 32
+
+
 # ---------------------------------------------------------------------------------- options a mode does not use
 
 UNUSED = [
@@ -165,14 +177,18 @@ def test_the_options_every_mode_uses_are_still_accepted():
 
 
 def test_field_bias_variants_apply_to_the_modes_that_have_a_field_bias_only():
+    from boltzmann_attention.experiments.recipes import field_bias
     from boltzmann_attention.experiments.sweep import Grid
 
-    runs = dict(Grid(("shakespeare",), (8,), modes=("softmax", "h+J"), seeds=(0,), field_bias="fixed-0").runs())
+    grid = Grid(("shakespeare",), (8,), modes=("softmax", "h+J"), seeds=(0,), field_bias=field_bias("fixed-0"))
+    runs = dict(grid.runs())
     by_mode = {cfg.attention.mode: cfg for cfg in runs.values()}
     assert by_mode["h+J"].attention.field_bias_init == 0.0 and not by_mode["h+J"].attention.learn_field_bias
     assert by_mode["softmax"].attention.field_bias_init is None and by_mode["softmax"].attention.learn_field_bias
     for cfg in runs.values():
         cfg.validate()
+    with pytest.raises(TypeError, match="FieldBias"):
+        Grid(("shakespeare",), (8,), field_bias="fixed-0")
 
 
 # ------------------------------------------------------------------------------------------- the study registry

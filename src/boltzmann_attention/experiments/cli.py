@@ -16,8 +16,9 @@ from pathlib import Path
 
 from .. import ising
 from .config import FIELDS, INITS, TASKS, TrainConfig
+from .recipes import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS
 from .results import config_hash
-from .sweep import CLUSTER_EXTRA, DEFAULT_FIELD_BIAS, EXECUTORS, FIELD_BIASES, PAPER_FIELD_BIAS, run_name
+from .sweep import CLUSTER_EXTRA, EXECUTORS, run_name
 
 CHOICES = {"method": tuple(sorted(ising.METHODS))}  # choices not written on the field itself
 
@@ -106,7 +107,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                              description="Run a grid of task x T x mode x method x seed; finished runs are "
                                          "skipped and killed ones resume.", formatter_class=defaults)
     p_sweep.add_argument("--tasks", nargs="+", default=["shakespeare"], choices=TASKS, help="tasks")
-    p_sweep.add_argument("--T", nargs="+", type=int, default=[8], help="window lengths")
+    p_sweep.add_argument("--T", nargs="+", type=int, default=[8], help="context lengths T")
     p_sweep.add_argument("--modes", nargs="+", default=["softmax", "h+J", "h", "J"],
                          choices=FIELDS["mode"].metadata["choices"], help="modes")
     p_sweep.add_argument("--methods", nargs="+", default=["exact"], choices=CHOICES["method"], help="methods")

@@ -1,16 +1,21 @@
-"""Training recipes that several studies share: nanoGPT's configuration and its reference loss, the strong
-recipe (the initialisation and each mode's learning rate the baselines study chose), the settings of J's
-sensitivity, and the sampler settings of training through samplers.
+"""Training recipes that several studies share: the field-bias variants (and the one the fair study chose),
+nanoGPT's configuration and its reference loss, the strong recipe (the initialisation and each mode's learning
+rate the baselines study chose), the settings of J's sensitivity, and the sampler settings of training through
+samplers.
 
-No study imported: a study reuses a recipe by importing it from here. ``CHOSEN_INIT`` and ``BEST_LR`` are
-the baselines study's decisions, read from its ``decisions.json`` (data, not code), so they are written once;
+No study imported: a study reuses a recipe by importing it from here. ``DEFAULT_FIELD_BIAS``, ``CHOSEN_INIT``
+and ``BEST_LR`` are the fair and baselines studies' decisions, read from their ``decisions.json`` (data, not
+code), so they are written once;
 nanoGPT's values are from its ``config/train_shakespeare_char.py`` with the README's CPU overrides.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+
+from .sweep import FieldBias, Grid
 
 
 def _decisions(study: str) -> dict:
@@ -18,7 +23,34 @@ def _decisions(study: str) -> dict:
     return json.loads((Path(__file__).parent / "studies" / study / "decisions.json").read_text())
 
 
-# nanoGPT's CPU configuration for Tiny Shakespeare (characters), as TrainConfig overrides, at window NANOGPT_T.
+# The field bias b of modes h, J and h+J (one per head), by name. The weights are sigmoid(2h), so b is a logit
+# bias of 2b: "learn-half-log-T" starts at sigmoid attention's recommended logit bias -log T (Ramapuram et al.,
+# 2024). The paper's energy has no bias term, so "fixed-0" is the paper-faithful parametrisation.
+FIELD_BIASES = {
+    "fixed-0": FieldBias(learnable=False, coefficient=0.0),
+    "learn-0": FieldBias(learnable=True, coefficient=0.0),
+    "learn-half-log-T": FieldBias(learnable=True, coefficient=-0.5),
+    "fixed-log-T": FieldBias(learnable=False, coefficient=-1.0),
+}
+DEFAULT_FIELD_BIAS: str = _decisions("fair")["CHOSEN_FIELD_BIAS"]  # TrainConfig's default field bias
+PAPER_FIELD_BIAS = "fixed-0"
+
+
+def field_bias(name: str) -> FieldBias:
+    """The field-bias variant ``name`` (a key of FIELD_BIASES); ValueError naming the choices otherwise."""
+    if name not in FIELD_BIASES:
+        raise ValueError(f"unknown field bias {name!r}; choose one of {sorted(FIELD_BIASES)}")
+    return FIELD_BIASES[name]
+
+
+def with_field_bias(grids: list[Grid], name: str) -> list[Grid]:
+    """The grids with every mode that has a field bias at variant ``name``; unchanged for the default, which
+    TrainConfig's defaults already are."""
+    bias = field_bias(name)
+    return grids if name == DEFAULT_FIELD_BIAS else [replace(g, field_bias=bias) for g in grids]
+
+
+# nanoGPT's CPU configuration for Tiny Shakespeare (characters), as TrainConfig overrides, at context length NANOGPT_T.
 NANOGPT = {"batch_size": 12, "steps": 2000, "lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 0.1, "beta2": 0.99,
            "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 250, "d_model": 128, "n_heads": 4,
            "n_layers": 4, "d_ff": 512, "init": "gpt2", "fused_optimizer": False}

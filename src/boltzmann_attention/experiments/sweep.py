@@ -22,6 +22,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -31,32 +32,22 @@ from .train import Analysis, TrainConfig, load_final, train, write_result
 
 DEFAULT_MODES = ("softmax", "h+J", "h", "J")  # the paper's four modes
 
-# The field bias b of modes h, J and h+J (one per head), as (learnable, coefficient c) with b = c * log(T) at
-# initialisation. The weights are sigmoid(2h), so b is a logit bias of 2b: "learn-half-log-T" starts at
-# sigmoid attention's recommended logit bias -log T (Ramapuram et al., 2024). The paper's energy has no bias
-# term, so "fixed-0" is the paper-faithful parametrisation.
-FIELD_BIASES = {
-    "fixed-0": (False, 0.0),
-    "learn-0": (True, 0.0),
-    "learn-half-log-T": (True, -0.5),
-    "fixed-log-T": (False, -1.0),
-}
-DEFAULT_FIELD_BIAS = "learn-half-log-T"  # TrainConfig's default (field_bias_init=None, learn_field_bias=True)
-PAPER_FIELD_BIAS = "fixed-0"
+class FieldBias(NamedTuple):
+    """A field bias b = coefficient * log(T) per head at initialisation, learnable or fixed: the field-bias
+    fields of a run at context length T, for every mode that has a field bias."""
 
+    learnable: bool
+    coefficient: float
 
-def field_bias_config(name: str, T: int) -> dict:
-    """The TrainConfig fields of field-bias variant ``name`` at window T."""
-    if name not in FIELD_BIASES:
-        raise ValueError(f"unknown field bias {name!r}; choose one of {sorted(FIELD_BIASES)}")
-    learnable, coefficient = FIELD_BIASES[name]
-    return {"field_bias_init": coefficient * math.log(T) + 0.0, "learn_field_bias": learnable}
+    def config(self, T: int) -> dict:
+        """The TrainConfig fields of this field bias at context length T."""
+        return {"field_bias_init": self.coefficient * math.log(T) + 0.0, "learn_field_bias": self.learnable}
 
 
 @dataclass
 class Grid:
-    """A grid of runs sharing one variant (a label plus TrainConfig overrides, and optionally a field-bias
-    variant of FIELD_BIASES, resolved per T into field_bias_init and learn_field_bias)."""
+    """A grid of runs sharing one variant (a label plus TrainConfig overrides, and optionally a field bias
+    resolved per T into field_bias_init and learn_field_bias of the modes that have one)."""
 
     tasks: tuple[str, ...]
     Ts: tuple[int, ...]
@@ -65,8 +56,13 @@ class Grid:
     seeds: tuple[int, ...] = (0, 1, 2)
     variant: str = "base"
     overrides: dict = field(default_factory=dict)
-    field_bias: str | None = None
+    field_bias: FieldBias | None = None
     analyses: tuple[Analysis, ...] = ()
+
+    def __post_init__(self):
+        if self.field_bias is not None and not isinstance(self.field_bias, FieldBias):
+            raise TypeError(f"Grid.field_bias is a FieldBias or None, not {self.field_bias!r} "
+                            "(recipes.field_bias(name) gives the named ones)")
 
     def runs(self) -> list[tuple[str, TrainConfig]]:
         out = []
@@ -75,7 +71,7 @@ class Grid:
                 for mode in self.modes:
                     overrides = dict(self.overrides)
                     if self.field_bias is not None and modes.get(mode).field_bias:  # softmax has none
-                        overrides.update(field_bias_config(self.field_bias, T))
+                        overrides.update(self.field_bias.config(T))
                     for method in self.methods:
                         for seed in self.seeds:
                             cfg = TrainConfig.build(task=task, T=T, mode=mode, method=method, seed=seed, **overrides)
@@ -85,15 +81,6 @@ class Grid:
 
 def run_name(cfg: TrainConfig, variant: str = "base") -> str:
     return f"{cfg.data.task}-T{cfg.data.T}-{cfg.attention.mode}-{cfg.attention.method}-{variant}-s{cfg.seed}"
-
-
-def with_field_bias(grids: list[Grid], field_bias: str) -> list[Grid]:
-    """The grids with every Boltzmann mode at field-bias variant ``field_bias`` (a key of FIELD_BIASES);
-    unchanged for the default, which TrainConfig's defaults already are."""
-    field_bias_config(field_bias, 2)  # validates the name
-    if field_bias == DEFAULT_FIELD_BIAS:
-        return grids
-    return [replace(g, field_bias=field_bias) for g in grids]
 
 
 def beyond(lr: float, up: bool) -> float:

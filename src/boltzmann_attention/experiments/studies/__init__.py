@@ -28,9 +28,10 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
+from ..recipes import DEFAULT_FIELD_BIAS, field_bias
 from ..report import ReportContext
 from ..results import Results, load_runs, write_archive
-from ..sweep import DEFAULT_FIELD_BIAS, Grid, field_bias_config
+from ..sweep import Grid
 
 __all__ = ["StudyError", "all_studies", "load_decisions", "profile", "profile_help", "profiles", "protocol",
            "sets_own_init", "study_of", "study_of_profile", "write_report"]
@@ -147,12 +148,13 @@ def protocol(study: ModuleType) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def profile(profile_name: str, field_bias: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
-    """The grids of profile ``profile_name`` under its study's decisions; ``field_bias`` (a key of FIELD_BIASES) sets
+def profile(profile_name: str, field_bias_name: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
+    """The grids of profile ``profile_name`` under its study's decisions; ``field_bias_name`` (a key of
+    ``recipes.FIELD_BIASES``) sets
     the field bias of the Boltzmann modes (the fair study's bias comparison runs every variant whatever it is)."""
-    field_bias_config(field_bias, 2)  # validates the name
+    field_bias(field_bias_name)  # validates the name
     study = study_of_profile(profile_name)
-    return study.PROFILES[profile_name](field_bias, load_decisions(study))
+    return study.PROFILES[profile_name](field_bias_name, load_decisions(study))
 
 
 def study_of(res: Results) -> ModuleType:

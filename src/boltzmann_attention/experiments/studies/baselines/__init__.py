@@ -19,7 +19,16 @@ from pathlib import Path
 from ...claims import PAPER, SHAKESPEARE_CLAIMS, agreement_section, claim_j_structure, claims_beside, extension_section
 from ...model import INITS
 from ...plots import figure, finish, style
-from ...recipes import J_INIT_STD, J_LR_MULTIPLIERS, NANOGPT, NANOGPT_LOSS, NANOGPT_T
+from ...recipes import (
+    DEFAULT_FIELD_BIAS,
+    FIELD_BIASES,
+    J_INIT_STD,
+    J_LR_MULTIPLIERS,
+    NANOGPT,
+    NANOGPT_LOSS,
+    NANOGPT_T,
+    with_field_bias,
+)
 from ...report import (
     ReportContext,
     archive_runs,
@@ -31,7 +40,7 @@ from ...report import (
 )
 from ...results import Group, Results
 from ...stats import paired, relative, stat
-from ...sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid, with_field_bias
+from ...sweep import Grid
 from ...tables import duration, fmt_stat, md_table, table_with_holm
 
 MODES = ("softmax", "h", "J", "h+J")
@@ -135,8 +144,9 @@ def fair_grids(field_bias: str, d: Decisions) -> list[Grid]:
                 continue
             for mode in modes:
                 g = _grid(FAIR_T, (mode,), (seed,), d.chosen_init, d.best_lr[mode], GRID_STEPS)
+                named = bias or (None if field_bias == DEFAULT_FIELD_BIAS else field_bias)
                 grids.append(replace(g, variant=g.variant + suffix, overrides={**g.overrides, **overrides},
-                                     field_bias=bias or (None if field_bias == DEFAULT_FIELD_BIAS else field_bias)))
+                                     field_bias=None if named is None else FIELD_BIASES[named]))
     return grids
 
 

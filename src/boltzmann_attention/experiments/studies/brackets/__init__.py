@@ -30,6 +30,7 @@ from ...claims import (
 )
 from ...data import CLOSE, BracketData, depths
 from ...plots import figure, finish
+from ...recipes import with_field_bias
 from ...report import (
     ReportContext,
     archive_runs,
@@ -40,7 +41,7 @@ from ...report import (
 )
 from ...results import Group, Results, load_runs
 from ...stats import paired, points, stat
-from ...sweep import Grid, beyond, with_field_bias
+from ...sweep import Grid, beyond
 from ...tables import fmt_num, md_table, table_with_holm
 
 PREFIX = "cal-"  # the variants of the calibration runs

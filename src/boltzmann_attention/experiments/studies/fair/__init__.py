@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from ...plots import figure, finish
-from ...recipes import FIRST_RECIPE, J_INIT_STD, J_LR_MULTIPLIERS
+from ...recipes import DEFAULT_FIELD_BIAS, FIELD_BIASES, FIRST_RECIPE, J_INIT_STD, J_LR_MULTIPLIERS
 from ...report import ReportContext, header_section, protocol_sections
 from ...results import Group, Results, layer0
 from ...stats import ALPHA, Paired, millinats, paired, points, relative, stat
-from ...sweep import DEFAULT_FIELD_BIAS, FIELD_BIASES, Grid, with_overrides
+from ...sweep import Grid, with_overrides
 from ...tables import duration, fmt_interval, fmt_stat, md_table, table_with_holm
 
 BOLTZMANN_MODES = ("h", "h+J", "J")
@@ -52,22 +52,23 @@ def fair_grids(field_bias: str = DEFAULT_FIELD_BIAS, decisions: None = None) -> 
         task, prefix, overrides = settings[setting]
         return [Grid((task,), Ts, modes=("softmax",), seeds=seeds, variant=f"{prefix}fair", overrides=overrides)] + [
             Grid((task,), Ts, modes=boltzmann, seeds=seeds, variant=f"{prefix}bias-{b}", overrides=overrides,
-                 field_bias=b) for b in FIELD_BIASES]
+                 field_bias=bias) for b, bias in FIELD_BIASES.items()]
 
     def sensitivity(setting: str, mode: str) -> list[Grid]:
         task, prefix, overrides = settings[setting]
         grids = [Grid((task,), (T,), modes=(mode,), seeds=seeds, variant=f"{prefix}jlr{m:g}-bias-{field_bias}",
-                      overrides={**overrides, "coupling_lr_multiplier": m}, field_bias=field_bias)
+                      overrides={**overrides, "coupling_lr_multiplier": m}, field_bias=FIELD_BIASES[field_bias])
                  for m in J_LR_MULTIPLIERS]
         return grids + [Grid((task,), (T,), modes=(mode,), seeds=seeds,
                              variant=f"{prefix}jinit{J_INIT_STD:g}-bias-{field_bias}",
-                             overrides={**overrides, "coupling_init_std": J_INIT_STD}, field_bias=field_bias)]
+                             overrides={**overrides, "coupling_init_std": J_INIT_STD},
+                             field_bias=FIELD_BIASES[field_bias])]
 
     grids = bias_study("shakespeare", (T,)) + bias_study("brackets", (T,))
     grids.append(Grid(("shakespeare",), (T,), modes=("softmax",), seeds=seeds, variant="long",
                       overrides={"steps": 16000}))
     grids.append(Grid(("shakespeare",), (T,), modes=("h", "h+J"), seeds=seeds, variant=f"long-bias-{field_bias}",
-                      overrides={"steps": 16000}, field_bias=field_bias))
+                      overrides={"steps": 16000}, field_bias=FIELD_BIASES[field_bias]))
     grids += bias_study("brackets-noffn", (T,))
     for mode in ("h+J", "J"):
         grids += sensitivity("shakespeare", mode) + sensitivity("brackets-noffn", mode)

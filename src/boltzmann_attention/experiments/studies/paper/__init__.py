@@ -9,7 +9,7 @@ numbers and claims live in ``experiments/claims.py``, where other studies check 
 from __future__ import annotations
 
 from ...claims import PAPER, agreement_section, extension_section
-from ...recipes import FIRST_RECIPE
+from ...recipes import FIRST_RECIPE, with_field_bias
 from ...report import (
     ReportContext,
     brackets_section,
@@ -19,7 +19,7 @@ from ...report import (
     shakespeare_section,
 )
 from ...results import Results
-from ...sweep import Grid, with_field_bias, with_overrides
+from ...sweep import Grid, with_overrides
 
 DEFAULT = True  # the report of any results folder that no other study owns
 

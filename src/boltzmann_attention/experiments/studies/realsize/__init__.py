@@ -22,11 +22,11 @@ from pathlib import Path
 
 from ... import lr_rule
 from ...config import TrainConfig
-from ...recipes import NANOGPT, NANOGPT_LOSS, NANOGPT_T
+from ...recipes import NANOGPT, NANOGPT_LOSS, NANOGPT_T, with_field_bias
 from ...report import ReportContext, header_section, lr_decision_notes, protocol_sections
 from ...results import NO_MEASURES, Results
 from ...stats import millinats, paired, relative, stat
-from ...sweep import Grid, with_field_bias
+from ...sweep import Grid
 from ...tables import fmt_interval, fmt_num, fmt_stat, md_table, table_with_holm
 
 
@@ -91,7 +91,7 @@ def variant(arm: str, lr: float, T: int = NANOGPT_T) -> str:
 
 
 def overrides(arm: Arm, lr: float, T: int = NANOGPT_T) -> dict:
-    """The TrainConfig fields of ``arm`` at ``lr`` and window T (besides task, T, mode, method, seed)."""
+    """The TrainConfig fields of ``arm`` at ``lr`` and context length T (besides task, T, mode, method, seed)."""
     long = {} if T == NANOGPT_T else {"batch_size": LONG_BATCH, "steps": LONG_STEPS,
                                       "eval_interval": max(1, LONG_STEPS // 8), "eval_windows": LONG_EVAL_WINDOWS}
     return {**NANOGPT, **arm.overrides, "lr": lr, "memory_probe_steps": MEMORY_PROBE_STEPS, **long}

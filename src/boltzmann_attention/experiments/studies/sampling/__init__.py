@@ -16,7 +16,7 @@ import statistics
 from dataclasses import replace
 
 from ....ising.annealing import ANNEAL_OPTIONS, dqa_marginals
-from ...recipes import BEST_LR, CHOSEN_INIT, FIRST_RECIPE, TRAINING_SAMPLER_OPTIONS
+from ...recipes import BEST_LR, CHOSEN_INIT, FIRST_RECIPE, TRAINING_SAMPLER_OPTIONS, with_field_bias
 from ...report import (
     TASK_METRICS,
     ReportContext,
@@ -30,7 +30,7 @@ from ...report import (
 )
 from ...results import Group, Results, mode_rank
 from ...stats import Paired, stat
-from ...sweep import Grid, with_field_bias, with_overrides
+from ...sweep import Grid, with_overrides
 from ...tables import duration, fmt_comparison, fmt_stat, md_table, table_with_holm
 
 # DQA at the paper's 200 Trotter steps and 5 ns (the defaults of ising.annealing) with its straight-through
