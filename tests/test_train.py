@@ -633,13 +633,13 @@ def test_the_memory_probe_measures_a_fresh_process(tmp_path):
     """The probe's peak is its own process's: not raised by this (test) process's size, as ru_maxrss carried
     over fork and exec would be; and a larger batch takes more memory in its steps."""
     from boltzmann_attention.experiments.train import memory_probe
-    from boltzmann_attention.experiments.train.memory import _rss_mib
+    from boltzmann_attention.experiments.train.memory import rss_mib
 
-    if _rss_mib() is None:
+    if rss_mib() is None:
         pytest.skip("needs /proc (Linux)")
     common = dict(T=64, mode="h", n_heads=4, d_model=32, d_ff=0, memory_probe_steps=2)
     ballast = torch.ones(2**27)  # 512 MiB in this process, touched
-    mine = _rss_mib()
+    mine = rss_mib()
     small = memory_probe(TrainConfig.build(**common, batch_size=2), threads=1)
     del ballast
     large = memory_probe(TrainConfig.build(**common, batch_size=512), threads=1)

@@ -2,7 +2,8 @@
 
 Methods inside attention (:func:`run_case`, :func:`default_cases`): forward+backward time and peak memory of
 ``boltzmann_attention`` with each method, one row per fresh process, so that its peak memory (growth of the
-resident set during fwd+bwd, inputs excluded) is its own. Ratios compare rows of the same run. Baselines:
+resident set during fwd+bwd, inputs excluded; the peak is reset before the steps) is its own. Ratios compare
+rows of the same run. Baselines:
 
 - ``naive``: enumeration as usually written: logits over all 2^T configurations for every query, a softmax,
   then a contraction with the spin table (causal prefixes get their own coupling energies).
@@ -22,7 +23,6 @@ import importlib.util
 import multiprocessing as mp
 import os
 import queue as queue_module
-import resource
 import subprocess
 import sys
 import tempfile
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from ... import BoltzmannAttention, boltzmann_attention, ising
 from ...ising import toeplitz
 from ...ising.enumeration import configurations, negative_energies
+from ..train.memory import peak_rss_mib, reset_peak_rss, rss_mib
 from .common import interleaved, medians, ratio_words, stamp_line, timed
 
 HEAD_DIM = 64
@@ -124,9 +125,9 @@ def measure_case(case: Case, threads: int = 2) -> dict:
     """Time one case in this process with ``threads`` torch threads: {seconds, peak_mb, gflops}."""
     torch.set_num_threads(threads)
     step, forward, flops = _step_function(case)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = rss_mib() if reset_peak_rss() else peak_rss_mib()  # where the peak cannot be reset: its growth
     seconds = timed(step)
-    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    peak = peak_rss_mib() - base
     gflops = None
     if flops is not None:
         with torch.no_grad():

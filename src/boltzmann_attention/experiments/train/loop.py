@@ -52,7 +52,7 @@ from .. import data as datasets
 from ..config import TrainConfig, _integer
 from ..model import Model, ModelConfig, loss_fn
 from .checkpoints import check_output_path, load_checkpoint, read_checkpoint, save_checkpoint
-from .memory import _peak_rss_mib, _rss_mib, memory_probe
+from .memory import memory_probe, peak_rss_mib, rss_mib
 
 __all__ = ["Analysis", "Task", "build_optimizer", "learned_priors", "load_final", "model_config", "setup_run",
            "train", "train_step"]
@@ -439,10 +439,10 @@ def _probe_main() -> None:
     torch.set_num_threads(request["threads"])
     cfg = TrainConfig.from_dict(request["config"])
     task, model, optimizer, _, generator = setup_run(cfg)
-    before = _rss_mib()
+    before = rss_mib()
     for _ in range(cfg.measure.memory_probe_steps):
         train_step(model, model, optimizer, *task.batch(cfg.batch_size, generator), cfg)
-    peak = _peak_rss_mib()
+    peak = peak_rss_mib()
     print(json.dumps({"peak_rss_mib": peak, "rss_before_steps_mib": before,
                       "steps_mib": None if before is None else peak - before, "steps": cfg.measure.memory_probe_steps,
                       "batch_size": cfg.batch_size, "threads": torch.get_num_threads(),

@@ -25,7 +25,7 @@ def memory_probe(cfg: TrainConfig, threads: int | None = None) -> dict:
 
     The process builds the data, model and optimiser of ``cfg`` as a run does, then makes
     ``cfg.measure.memory_probe_steps`` training steps (at cfg.batch_size; no evaluation). Returned: its peak resident
-    set size (the high-water mark of that process alone, see :func:`_peak_rss_mib`), its RSS before the
+    set size (the high-water mark of that process alone, see :func:`peak_rss_mib`), its RSS before the
     first step (Linux: /proc/self/status; else None), their
     difference (the steps' working memory: activations, gradients, optimiser state), in MiB, and how it
     was measured. A fresh process per probe is what makes the peak belong to this config: a sweep's worker
@@ -54,12 +54,22 @@ def _status_mib(field: str) -> float | None:
     return int(found.group(1)) / 1024 if found else None
 
 
-def _rss_mib() -> float | None:
+def rss_mib() -> float | None:
     """This process's resident set size now (Linux), in MiB; None elsewhere."""
     return _status_mib("VmRSS")
 
 
-def _peak_rss_mib() -> float:
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set size (VmHWM) to its current size (Linux: ``/proc/self/clear_refs``);
+    False where it cannot, and the peak then keeps what came before."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_mib() -> float:
     """This process's peak resident set size, in MiB: VmHWM on Linux, the high-water mark of this program's
     address space. Not ru_maxrss: Linux carries that over fork and exec, so a child started by a large
     process reports at least the parent's size (measured: a probe started by a process that had trained
