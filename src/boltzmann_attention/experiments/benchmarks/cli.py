@@ -272,7 +272,7 @@ def run_approximations(args) -> None:
     stamp = machine_stamp(args.threads)
     print(stamp_line(stamp) + "\n")
     accuracy_options = {"sizes": (4,), "queries": 2} if args.smoke else {}
-    scaling_options = {"sizes": (6, 12), "queries": 2, "bandwidth": 2} if args.smoke else {}
+    scaling_options = {"sizes": (6, 12), "queries": 2, "bandwidth": 2, "budget_s": 0.0} if args.smoke else {}
     accuracy = scaling = None
     if args.only in (None, "accuracy"):
         accuracy = approximations.accuracy_rows(**accuracy_options, threads=args.threads)
