@@ -1,5 +1,6 @@
 """The bracket-headroom study: its calibration grid, its rule for choosing the setting, and its report."""
 
+import importlib
 from dataclasses import replace
 
 import pytest
@@ -8,6 +9,9 @@ from test_report import brackets_metrics, write_run
 from boltzmann_attention.experiments import studies
 from boltzmann_attention.experiments.results import Results, load_runs, write_archive
 from boltzmann_attention.experiments.studies import brackets, profile, study_of, write_report
+from boltzmann_attention.experiments.studies.brackets import grids as G
+
+R = importlib.import_module("boltzmann_attention.experiments.studies.brackets.report")  # the module, not report()
 
 FB = "learn-half-log-T"  # the default field bias
 
@@ -21,7 +25,7 @@ def test_calibration_grid_follows_the_design():
     runs = [cfg for grid in profile("brackets-calibration") for _, cfg in grid.runs()]
     for cfg in runs:
         cfg.validate()
-    assert len(runs) == len(brackets.SETTINGS) * 3 == 14 * 3
+    assert len(runs) == len(G.SETTINGS) * 3 == 14 * 3
     assert {(c.task, c.T, c.mode, c.d_ff, c.lr, c.init, c.steps, c.batch_size) for c in runs} == {
         ("brackets", 16, "softmax", 128, 3e-3, "gpt2", 4000, 64)}
     easy = [c for c in runs if (c.train_sequences, c.min_fill, c.max_fill, c.open_probability, c.deduplicate)
@@ -40,12 +44,12 @@ def test_calibration_grid_follows_the_design():
     ({"deep": 0.95, "deep-long": 0.85}, "deep"),                # the band's edges count, tie: the earlier
 ])
 def test_the_rule(means, chosen):
-    assert brackets.choose(means) == chosen
+    assert R.choose(means) == chosen
 
 
 def _plant(root, accuracy):
-    for s in brackets.SETTINGS:
-        for seed in brackets.CALIBRATION_SEEDS:
+    for s in G.SETTINGS:
+        for seed in G.CALIBRATION_SEEDS:
             acc = accuracy[s.name] + 0.01 * (seed - 1)
             metrics = {**brackets_metrics(acc), "accuracy_sequence": acc - 0.2}
             write_run(root, "brackets", 16, "softmax", seed, variant=s.variant, val=metrics, test=metrics,
@@ -101,7 +105,7 @@ def _options(c):
 
 def test_stage_one_grid_before_any_decision():
     d = decided(best_lr={}, extra_learning_rates={})
-    runs = [cfg for grid in brackets.hard_grids(FB, d) for _, cfg in grid.runs()]
+    runs = [cfg for grid in G.hard_grids(FB, d) for _, cfg in grid.runs()]
     for cfg in runs:
         cfg.validate()
     assert len(runs) == 6 * 3 * 3  # no stage-2 run until BEST_LR holds the decision
@@ -111,7 +115,7 @@ def test_stage_one_grid_before_any_decision():
     assert sorted((c.mode, c.lr, c.seed) for c in runs) == sorted(
         (m, lr, s) for m in ("softmax", "h", "J", "h+J", "h+K", "h+J+K") for lr in (1e-3, 3e-3, 1e-2) for s in range(3))
     assert [c.seed for c in runs] == sorted(c.seed for c in runs)  # seed by seed
-    names = [name for grid in brackets.hard_grids(FB, d) for name, _ in grid.runs()]
+    names = [name for grid in G.hard_grids(FB, d) for name, _ in grid.runs()]
     assert len(set(names)) == len(names) and "brackets-T16-h+J-exact-hard-lr0.003-s0" in names
 
 
@@ -120,10 +124,10 @@ BEST = {"softmax": 3e-3, "h": 3e-3, "J": 1e-2, "h+J": 3e-3, "h+K": 1e-3, "h+J+K"
 
 def test_stage_two_grid_follows_the_design():
     d = decided(best_lr=BEST, extra_learning_rates={"J": (3e-2,)})
-    listed = [(name, cfg) for grid in brackets.hard_grids(FB, d) for name, cfg in grid.runs()]
+    listed = [(name, cfg) for grid in G.hard_grids(FB, d) for name, cfg in grid.runs()]
     stage1 = listed[:6 * 3 * 3 + 3]
     assert {(c.mode, c.lr) for _, c in stage1 if c.lr == 3e-2} == {("J", 3e-2)}
-    stage3 = [(n, c) for grid in brackets.noffn_check_grids(d) for n, c in grid.runs()]
+    stage3 = [(n, c) for grid in G.noffn_check_grids(d) for n, c in grid.runs()]
     assert stage3 == listed[len(listed) - len(stage3):]  # stage 3 runs last
     stage2 = listed[len(stage1):len(listed) - len(stage3)]
     for _, c in stage2:
@@ -139,23 +143,23 @@ def test_stage_two_grid_follows_the_design():
     assert all(c.seed == 0 for _, c in stage2[:12]) and {d for d, _ in first_seed} == {0, 128}
     reused = {name for name, c in stage2 if c.T == 16 and c.d_ff == 128 and c.seed < 3}
     assert len(reused) == 18 and reused <= {name for name, _ in stage1}  # stage 1's runs at the chosen lr
-    partial = [c for grid in brackets.experiment_grids(decided(best_lr={"softmax": 3e-3})) for _, c in grid.runs()]
+    partial = [c for grid in G.experiment_grids(decided(best_lr={"softmax": 3e-3})) for _, c in grid.runs()]
     assert {c.mode for c in partial} == {"softmax"} and len(partial) == 4 * 5 * 2
 
 
 def test_stage_three_checks_the_lr_without_the_ffn():
     d = decided(best_lr=BEST, noffn_check_extra={})
-    runs = [(n, c) for grid in brackets.noffn_check_grids(d) for n, c in grid.runs()]
+    runs = [(n, c) for grid in G.noffn_check_grids(d) for n, c in grid.runs()]
     assert {(c.T, c.d_ff, c.steps) for _, c in runs} == {(16, 0, 4000)} and all(_options(c) == CHOSEN_OPTIONS
                                                                               for _, c in runs)
     assert sorted((c.mode, c.lr, c.seed) for _, c in runs) == sorted(
         (m, lr, s) for m, lrs in (("softmax", (1e-3, 3e-3, 1e-2)), ("h", (1e-3, 3e-3, 1e-2)),
                                   ("J", (3e-3, 1e-2, 3e-2)), ("h+J", (1e-3, 3e-3, 1e-2)))
         for lr in lrs for s in range(3))
-    stage2 = {n for grid in brackets.experiment_grids(d) for n, _ in grid.runs()}
+    stage2 = {n for grid in G.experiment_grids(d) for n, _ in grid.runs()}
     assert len({n for n, _ in runs} - stage2) == 4 * 2 * 3  # the runs at BEST_LR are stage 2's
     extended = decided(best_lr=BEST, noffn_check_extra={"softmax": (3e-2,)})  # an extension beyond an edge
-    assert brackets.noffn_check_lrs("softmax", extended) == (1e-3, 3e-3, 1e-2, 3e-2)
+    assert G.noffn_check_lrs("softmax", extended) == (1e-3, 3e-3, 1e-2, 3e-2)
 
 
 def test_stage_three_report_applies_the_rule(tmp_path):
@@ -166,9 +170,9 @@ def test_stage_three_report_applies_the_rule(tmp_path):
         for seed in range(3):
             v = {**brackets_metrics(acc + 0.01 * seed), "accuracy_sequence": acc - 0.3}
             t = {**brackets_metrics(acc - 0.02 + 0.01 * seed), "accuracy_sequence": acc - 0.4}
-            write_run(tmp_path, "brackets", 16, mode, seed, variant=brackets.hard_variant(lr, ffn=False), val=v,
+            write_run(tmp_path, "brackets", 16, mode, seed, variant=G.hard_variant(lr, ffn=False), val=v,
                       test=t, lr=lr, d_ff=0, **CHOSEN_OPTIONS)
-    text = "\n".join(brackets.noffn_check_section(Results(load_runs(tmp_path)), d))
+    text = "\n".join(R.noffn_check_section(Results(load_runs(tmp_path)), d))
     assert "| softmax | **0.003 (stage 1's)** | 95.00 ± 1.00 (n=3) |" in text
     assert "| h | 0.003 (stage 1's) | 89.00 ± 1.00 (n=3) |" in text and "| h | **0.01** | 93.00 ± 1.00 (n=3) |" in text
     h = text.split("Test set at the rule's lr", 1)[1]
@@ -186,16 +190,16 @@ def test_stage_three_report_applies_the_rule(tmp_path):
     ({1e-2: (0.9, 0.6)}, (1e-2,), None),
 ])
 def test_the_lr_rule(scores, diverged, chosen):
-    assert brackets.choose_lr(scores, diverged) == chosen
+    assert R.choose_lr(scores, diverged) == chosen
 
 
 def test_an_lr_at_the_edge_extends_the_grid():
-    assert [brackets.beyond(lr, up) for lr in (1e-3, 1e-2, 3e-3) for up in (False, True)] == \
+    assert [G.beyond(lr, up) for lr in (1e-3, 1e-2, 3e-3) for up in (False, True)] == \
         [3e-4, 3e-3, 3e-3, 3e-2, 1e-3, 1e-2]
     d = decided(extra_learning_rates={"J": (3e-2,)})
-    assert brackets.edge_extension("h", 1e-2, d) == 3e-2 and brackets.edge_extension("h", 1e-3, d) == 3e-4
-    assert brackets.edge_extension("h", 3e-3, d) is None
-    assert brackets.edge_extension("J", 1e-2, d) is None and brackets.edge_extension("J", 3e-2, d) == 1e-1
+    assert R.edge_extension("h", 1e-2, d) == 3e-2 and R.edge_extension("h", 1e-3, d) == 3e-4
+    assert R.edge_extension("h", 3e-3, d) is None
+    assert R.edge_extension("J", 1e-2, d) is None and R.edge_extension("J", 3e-2, d) == 1e-1
 
 
 MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")
@@ -210,7 +214,7 @@ def _plant_stage_one(root, accuracy):
             for seed in range(3):
                 a = acc + 0.01 * (seed - 1)
                 val = {**brackets_metrics(a), "accuracy_sequence": seq + 0.01 * (seed - 1)}
-                write_run(root, "brackets", 16, mode, seed, variant=brackets.hard_variant(lr), val=val, test=val,
+                write_run(root, "brackets", 16, mode, seed, variant=G.hard_variant(lr), val=val, test=val,
                           lr=lr, **CHOSEN_OPTIONS)
 
 
@@ -221,7 +225,7 @@ def test_lr_section_applies_the_rule(tmp_path):
     _plant_stage_one(tmp_path, grid)
     res = Results(load_runs(tmp_path))
     assert study_of(res) is brackets
-    assert brackets.decide_learning_rates(res, d) == {"softmax": (3e-3, None), "h": (1e-2, 3e-2),
+    assert R.decide_learning_rates(res, d) == {"softmax": (3e-3, None), "h": (1e-2, 3e-2),
                                                       "h+J": (3e-3, None)}
     text = write_report(tmp_path, tmp_path / "rep", d).read_text()
     assert "## Stage 1: each mode's learning rate" in text and "## Calibration" not in text
@@ -239,7 +243,7 @@ def test_lr_section_applies_the_rule(tmp_path):
 def test_stage_one_says_whether_softmax_reproduces_the_calibration(tmp_path):
     _plant_stage_one(tmp_path / "results", {"softmax": {3e-3: 0.88}})
     calibration = tmp_path / "report" / "brackets-calibration"
-    setting = brackets.chosen_setting(studies.load_decisions(brackets))
+    setting = G.chosen_setting(studies.load_decisions(brackets))
     for seed, acc in ((0, 0.87), (1, 0.88), (2, 0.8925)):  # seed 2 differs by 0.25 points
         m = brackets_metrics(acc)
         write_run(calibration, "brackets", 16, "softmax", seed, variant=setting.variant, val=m, test=m, lr=3e-3,
@@ -263,7 +267,7 @@ def _plant_stage_two(root, Ts=(8, 16)):
                     a = _stage_two_accuracy(mode, seed, ffn)
                     test = {**brackets_metrics(a), "accuracy_sequence": a - 0.3}
                     J = [[[0.1 * (abs(j - k) == 1) for k in range(T)] for j in range(T)]] if "J" in mode else None
-                    write_run(root, "brackets", T, mode, seed, variant=brackets.hard_variant(BEST[mode], ffn),
+                    write_run(root, "brackets", T, mode, seed, variant=G.hard_variant(BEST[mode], ffn),
                               val=test, test=test, couplings=J, lr=BEST[mode], d_ff=128 if ffn else 0,
                               **CHOSEN_OPTIONS)
 
