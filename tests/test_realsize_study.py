@@ -1,5 +1,6 @@
 """The real-size study: its grids follow the design, its rules, and its report on planted runs."""
 
+import importlib
 import json
 from dataclasses import replace
 
@@ -10,9 +11,12 @@ from boltzmann_attention.experiments import studies
 from boltzmann_attention.experiments.recipes import NANOGPT
 from boltzmann_attention.experiments.results import Results, load_runs
 from boltzmann_attention.experiments.studies import realsize, study_of, write_report
+from boltzmann_attention.experiments.studies.realsize import grids as G
 from boltzmann_attention.experiments.train import TrainConfig
 
-ARMS = [a.name for a in realsize.ARMS]
+R = importlib.import_module("boltzmann_attention.experiments.studies.realsize.report")  # the module, not report()
+
+ARMS = [a.name for a in G.ARMS]
 RECORDED = studies.load_decisions(realsize)
 
 
@@ -25,20 +29,20 @@ def _configs(best=None, extra=None):
     """The profile's runs under the given decisions (none by default, whatever decisions.json holds)."""
     d = decided(best_lr=best or {}, extra_learning_rates=extra or {})
     unique = {}
-    for name, cfg in (run for g in realsize.realsize_grids("learn-half-log-T", d) for run in g.runs()):
+    for name, cfg in (run for g in G.realsize_grids("learn-half-log-T", d) for run in g.runs()):
         assert unique.setdefault(name, cfg) == cfg  # a name listed twice (a reused run) is the same config
         cfg.validate()
     return list(unique.items())
 
 
 def _arm_of(cfg: TrainConfig) -> str:
-    return next(a.name for a in realsize.ARMS if (a.mode, a.method) == (cfg.mode, cfg.method)
+    return next(a.name for a in G.ARMS if (a.mode, a.method) == (cfg.mode, cfg.method)
                 and all(getattr(cfg, k) == v for k, v in a.options))
 
 
 def test_stage_one_alone_until_the_learning_rates_are_decided():
     runs = _configs()
-    assert len(runs) == len(ARMS) * len(realsize.LEARNING_RATES)
+    assert len(runs) == len(ARMS) * len(G.LEARNING_RATES)
     seen = {(_arm_of(cfg), cfg.lr) for _, cfg in runs}
     assert seen == {(arm, lr) for arm in ARMS for lr in (3e-4, 1e-3, 3e-3)}
     for name, cfg in runs:
@@ -72,9 +76,9 @@ def test_stages_two_and_three_follow_the_design():
         (a, s) for a in ("softmax", "h", RECORDED.fastest) for s in (0, 1, 2))
     for name, cfg in long:
         assert (cfg.batch_size, cfg.steps, cfg.eval_windows, cfg.lr) == (
-            realsize.LONG_BATCH, realsize.LONG_STEPS, realsize.LONG_EVAL_WINDOWS, best[_arm_of(cfg)])
-        assert name.endswith(f"-b{realsize.LONG_BATCH}-steps{realsize.LONG_STEPS}-s{cfg.seed}")
-    assert RECORDED.fastest in realsize.COUPLED and realsize.LONG_EVAL_WINDOWS * 256 == 2048 * 64
+            G.LONG_BATCH, G.LONG_STEPS, G.LONG_EVAL_WINDOWS, best[_arm_of(cfg)])
+        assert name.endswith(f"-b{G.LONG_BATCH}-steps{G.LONG_STEPS}-s{cfg.seed}")
+    assert RECORDED.fastest in G.COUPLED and G.LONG_EVAL_WINDOWS * 256 == 2048 * 64
     # an arm without a decided lr has no later runs
     partial = _configs({"softmax": 1e-3})
     assert {_arm_of(c) for n, c in partial if n not in stage_one} == {"softmax"}
@@ -88,18 +92,18 @@ def test_stages_two_and_three_follow_the_design():
     ({}, None),
 ])
 def test_the_lr_rule(losses, chosen):
-    assert realsize.choose_lr(losses) == chosen
+    assert R.choose_lr(losses) == chosen
 
 
 def test_an_lr_at_the_edge_extends_the_grid():
     d = decided(extra_learning_rates={})  # not the recorded decisions
-    assert realsize.edge_extension("h", 3e-3, d) == 1e-2
-    assert realsize.edge_extension("h", 3e-4, d) == 1e-4
-    assert realsize.edge_extension("h", 1e-3, d) is None
+    assert R.edge_extension("h", 3e-3, d) == 1e-2
+    assert R.edge_extension("h", 3e-4, d) == 1e-4
+    assert R.edge_extension("h", 1e-3, d) is None
     d = decided(extra_learning_rates={"h": (1e-2,)})
-    assert realsize.edge_extension("h", 3e-3, d) is None and realsize.edge_extension("h", 1e-2, d) == 3e-2
-    assert realsize.arm_learning_rates("h", d) == (3e-4, 1e-3, 3e-3, 1e-2)
-    assert realsize.edge_extension("softmax", 3e-3, d) == 1e-2  # another arm keeps the grid
+    assert R.edge_extension("h", 3e-3, d) is None and R.edge_extension("h", 1e-2, d) == 3e-2
+    assert G.arm_learning_rates("h", d) == (3e-4, 1e-3, 3e-3, 1e-2)
+    assert R.edge_extension("softmax", 3e-3, d) == 1e-2  # another arm keeps the grid
 
 
 # --------------------------------------------------------------------------------------------- planted runs
@@ -120,9 +124,9 @@ BEST = {"softmax": 1e-3, "h": 3e-3, "window16": 1e-3, "meanfield8": 1e-3, "bande
 
 
 def _plant(root, arm, lr, seed, loss, T=64, steps=2000, step_s=None, peak=None):
-    a = realsize.BY_NAME[arm]
-    cfg = realsize.overrides(a, lr, T)
-    path = write_run(root, "shakespeare", T, a.mode, seed, variant=realsize.variant(arm, lr, T), method=a.method,
+    a = G.BY_NAME[arm]
+    cfg = G.overrides(a, lr, T)
+    path = write_run(root, "shakespeare", T, a.mode, seed, variant=G.variant(arm, lr, T), method=a.method,
                      val=shakespeare_val(2.718281828459045 ** loss), **cfg)
     result = json.loads(path.read_text())
     result["wall_time_s"] = (step_s or STEP_S[arm]) * steps
@@ -144,7 +148,7 @@ def _plant_all(root, long=True):
             if seed or arm not in STAGE1:  # seed 0 of a stage-1 arm is its stage-1 run at the best lr
                 _plant(root, arm, BEST[arm], seed, _stage_two_loss(arm, seed))
     if long:
-        for arm in realsize.long_arms(RECORDED):
+        for arm in G.long_arms(RECORDED):
             for seed in (0, 1, 2):
                 _plant(root, arm, BEST[arm], seed, _stage_two_loss(arm, seed) - 0.2, T=256,
                        step_s=4 * STEP_S[arm], peak=2 * PEAK[arm])
@@ -155,10 +159,10 @@ def test_the_recorded_extensions_add_their_runs():
     extra = dict(RECORDED.extra_learning_rates)
     names = {name for name, _ in _configs(extra=extra)}
     for arm, lrs in extra.items():
-        a = realsize.BY_NAME[arm]
+        a = G.BY_NAME[arm]
         for lr in lrs:
             assert f"shakespeare-T64-{a.mode}-{a.method}-rs-{arm}-lr{lr:g}-s0" in names
-    assert len(names) == len(ARMS) * len(realsize.LEARNING_RATES) + sum(map(len, extra.values()))
+    assert len(names) == len(ARMS) * len(G.LEARNING_RATES) + sum(map(len, extra.values()))
 
 
 def test_stage_one_report_applies_the_rule(tmp_path):
@@ -239,7 +243,7 @@ def test_a_resumed_run_counts_its_whole_wall_time_over_all_its_steps(tmp_path):
     result = json.loads(path.read_text())
     result["steps_run"] = 500  # resumed at step 1500
     path.write_text(json.dumps(result))
-    found = realsize.per_seed(Results(load_runs(tmp_path)), "h", 1e-3)
+    found = R.per_seed(Results(load_runs(tmp_path)), "h", 1e-3)
     assert found["step_s"] == {0: pytest.approx(0.05)} and found["peak_mib"] == {0: PEAK["h"]}
     text = write_report(tmp_path, tmp_path / "report").read_text()
     assert "- 1 run resumed from a checkpoint; their wall time sums every segment" in text
@@ -266,8 +270,8 @@ def test_step_times_are_measured_side_by_side():
 
 
 def test_the_arms_configs_are_nanogpts_with_their_couplings():
-    cfg = realsize.config(realsize.BY_NAME["banded8"], T=256, batch_size=3)
+    cfg = G.config(G.BY_NAME["banded8"], T=256, batch_size=3)
     assert (cfg.T, cfg.batch_size, cfg.steps, cfg.eval_windows, cfg.method, cfg.coupling_range) == (
-        256, 3, realsize.LONG_STEPS, 512, "banded", 8)
+        256, 3, G.LONG_STEPS, 512, "banded", 8)
     cfg.validate()
-    assert realsize.config(realsize.BY_NAME["softmax"]).lr == NANOGPT["lr"] == realsize.NANOGPT_LR
+    assert G.config(G.BY_NAME["softmax"]).lr == NANOGPT["lr"] == G.NANOGPT_LR
