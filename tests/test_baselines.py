@@ -10,6 +10,7 @@ from boltzmann_attention.experiments import studies
 from boltzmann_attention.experiments.recipes import NANOGPT
 from boltzmann_attention.experiments.results import Results, load_runs
 from boltzmann_attention.experiments.studies import baselines, study_of, write_report
+from boltzmann_attention.experiments.studies.baselines import grids as G
 
 FB = "learn-half-log-T"  # the default field bias
 RECORDED = studies.load_decisions(baselines)
@@ -18,7 +19,7 @@ D = replace(RECORDED, extra_learning_rates={})  # the planted runs have no lr be
 
 def test_grids_follow_the_study_design():
     d = replace(RECORDED, extra_learning_rates={"J": (3e-2,)})
-    runs = [cfg for grid in baselines.baselines_grids(FB, d) for _, cfg in grid.runs()]
+    runs = [cfg for grid in G.baselines_grids(FB, d) for _, cfg in grid.runs()]
     for cfg in runs:
         cfg.validate()
     init = [c for c in runs if c.lr == 3e-3 and c.T in (8, 12) and c.steps == 4000]
@@ -33,21 +34,21 @@ def test_grids_follow_the_study_design():
                                   and c.init == "gpt2" for c in nano)
     best = {"softmax": 1e-3, "h": 3e-3, "J": 1e-2, "h+J": 3e-2}
     d = replace(d, best_lr=best)
-    runs = [c for grid in baselines.baselines_grids(FB, d) for _, c in grid.runs()]
+    runs = [c for grid in G.baselines_grids(FB, d) for _, c in grid.runs()]
     assert all(c.fused_optimizer is False for c in runs)
     ladder = [c for c in runs if c.steps == 64000]
     assert {(c.mode, c.lr, c.T) for c in ladder} == {(m, lr, 12) for m, lr in best.items()} and len(ladder) == 12
     long = [c for c in runs if c.steps > 4000]
     assert all(c.eval_interval == c.steps // 16 and c.lr == best[c.mode] for c in long)  # complete schedules
-    grid = {(c.T, c.mode, c.seed) for c in long if c.steps == baselines.GRID_STEPS}
+    grid = {(c.T, c.mode, c.seed) for c in long if c.steps == G.GRID_STEPS}
     assert grid == ({(T, m, s) for T in range(4, 15, 2) for m in best for s in range(5)}
                     | {(T, m, s) for T in (16, 20, 24) for m in ("softmax", "h", "h+J") for s in range(3)})
     assert [c.T for c in long][-9:] == [24] * 9  # stage 7 runs last
-    names = [name for grid in baselines.baselines_grids(FB, d) for name, c in grid.runs()
-             if c.steps == baselines.GRID_STEPS]
+    names = [name for grid in G.baselines_grids(FB, d) for name, c in grid.runs()
+             if c.steps == G.GRID_STEPS]
     stage6 = 3 * 3 * 5 + 3 * 2 * 5  # three other field biases x (h, h+J, J); three J settings x (h+J, J)
     assert len(names) == len(set(names)) + 4 * 3  # stage 5 at T = 12 reuses stage 3's runs
-    fair = [c for c in long if c.T == 12 and c.steps == baselines.GRID_STEPS and c.seed == 0]
+    fair = [c for c in long if c.T == 12 and c.steps == G.GRID_STEPS and c.seed == 0]
     assert len(fair) == 2 * 4 + stage6 // 5  # stage 3 and stage 5 list the same four runs, then stage 6
     assert {(c.learn_field_bias, c.field_bias_init) for c in fair if c.mode == "h"} == \
         {(True, None), (False, 0.0), (True, 0.0), (False, -math.log(12))}
@@ -58,20 +59,20 @@ def test_grids_follow_the_study_design():
 def _plant(root):
     """softmax 1% better with gpt2 at both T; the other modes level; lr 1e-2 best for h only."""
     for T in (8, 12):
-        for mode in baselines.MODES:
+        for mode in G.MODES:
             for seed in range(5):
                 base = 7.0 + 0.01 * seed + (0.2 if mode == "J" else 0.0)
                 for init in ("torch", "gpt2"):
                     ppl = base * (0.99 if init == "gpt2" and mode == "softmax" else 1.0)
-                    write_run(root, "shakespeare", T, mode, seed, variant=baselines.variant(init),
+                    write_run(root, "shakespeare", T, mode, seed, variant=G.variant(init),
                               val=shakespeare_val(ppl), init=init)
             for lr in (1e-3, 1e-2):
                 for seed in range(3):
                     ppl = 7.0 + 0.01 * seed + (-0.1 if (mode == "h" and lr == 1e-2) else 0.05)
-                    write_run(root, "shakespeare", T, mode, seed, variant=baselines.variant("gpt2", lr),
+                    write_run(root, "shakespeare", T, mode, seed, variant=G.variant("gpt2", lr),
                               val=shakespeare_val(ppl), init="gpt2", lr=lr)
     for seed in range(3):
-        write_run(root, "shakespeare", 64, "softmax", seed, variant=baselines.NANOGPT_VARIANT,
+        write_run(root, "shakespeare", 64, "softmax", seed, variant=G.NANOGPT_VARIANT,
                   val={"loss": 1.87 + 0.01 * seed, "ppl": math.exp(1.87), "loss_last": 1.8, "ppl_last": 6.0},
                   **NANOGPT)
 
@@ -101,7 +102,7 @@ def _plant_ladder(root, gap_64000):
             for seed in range(3):
                 ppl = (7.0 - steps / 1e5 + 0.01 * seed) * (1 + {"h": gap, "J": 3.0, "h+J": 0.5}.get(mode, 0) / 100)
                 ppl += 0.001 * seed * (mode == "h")  # a spread, so that the intervals have a width
-                write_run(root, "shakespeare", 12, mode, seed, variant=baselines.variant("gpt2", lr, steps),
+                write_run(root, "shakespeare", 12, mode, seed, variant=G.variant("gpt2", lr, steps),
                           val=shakespeare_val(ppl), init="gpt2", lr=lr, steps=steps)
 
 
@@ -124,9 +125,9 @@ def test_grid_section_reads_the_paper_tables(tmp_path):
                 ppl = 7.0 - 0.05 * T + 0.01 * seed - (0.01 * T if mode == "h+J" else 0.0)
                 J = [[[0.1 * (abs(j - k) == 1) for k in range(T)] for j in range(T)]]
                 write_run(tmp_path, "shakespeare", T, mode, seed,
-                          variant=baselines.variant("gpt2", lr, baselines.GRID_STEPS), val=shakespeare_val(ppl),
+                          variant=G.variant("gpt2", lr, G.GRID_STEPS), val=shakespeare_val(ppl),
                           couplings=J if mode in ("J", "h+J") else None, init="gpt2", lr=lr,
-                          steps=baselines.GRID_STEPS)
+                          steps=G.GRID_STEPS)
     earlier = tmp_path / "report" / "full"
     for seed in range(3):
         write_run(earlier, "shakespeare", 8, "softmax", seed, val=shakespeare_val(7.0))
@@ -146,19 +147,19 @@ def test_grid_section_reads_the_paper_tables(tmp_path):
 def test_fair_section_pairs_each_setting(tmp_path):
     """Stage 6: the J settings compare h+J with stage 5's h; a bias setting with its own h; every setting is
     also paired with the same mode at stage 5's default; both metrics get their tables."""
-    steps = baselines.GRID_STEPS
+    steps = G.GRID_STEPS
     for seed in range(3):
         for mode, lr in D.best_lr.items():
-            write_run(tmp_path, "shakespeare", 12, mode, seed, variant=baselines.variant("gpt2", lr, steps),
+            write_run(tmp_path, "shakespeare", 12, mode, seed, variant=G.variant("gpt2", lr, steps),
                       val=shakespeare_val(7.0 + 0.01 * seed), init="gpt2", lr=lr, steps=steps)
         for mode in ("h", "h+J"):
             write_run(tmp_path, "shakespeare", 12, mode, seed,
-                      variant=baselines.variant("gpt2", D.best_lr[mode], steps) + "-bias-fixed-0",
+                      variant=G.variant("gpt2", D.best_lr[mode], steps) + "-bias-fixed-0",
                       val=shakespeare_val((7.7 if mode == "h" else 7.0) + 0.01 * seed), init="gpt2",
                       lr=D.best_lr[mode], steps=steps, learn_field_bias=False, field_bias_init=0.0)
         last_as_default = shakespeare_val(7.0 + 0.01 * seed)["ppl_last"]  # jlr3: better over all positions only
         write_run(tmp_path, "shakespeare", 12, "h+J", seed,
-                  variant=baselines.variant("gpt2", D.best_lr["h+J"], steps) + "-jlr3",
+                  variant=G.variant("gpt2", D.best_lr["h+J"], steps) + "-jlr3",
                   val={**shakespeare_val(6.93 + 0.01 * seed), "ppl_last": last_as_default}, init="gpt2",
                   steps=steps, coupling_lr_multiplier=3.0)
     text = write_report(tmp_path, tmp_path / "rep", D).read_text()

@@ -1,28 +1,32 @@
 """The priors study: its grids follow the protocol's stages, its rules choose as written, its report runs."""
 
 import dataclasses
+import importlib
 
 import pytest
 
 from boltzmann_attention.experiments import lr_rule, studies
 from boltzmann_attention.experiments.results import Results, load_runs
 from boltzmann_attention.experiments.studies import priors
+from boltzmann_attention.experiments.studies.priors import grids as G
+
+R = importlib.import_module("boltzmann_attention.experiments.studies.priors.report")  # the module, not report()
 
 RECORDED = studies.load_decisions(priors)
 
 
 def _runs(d):
-    return [run for grid in priors.priors_grids("learn-half-log-T", d) for run in grid.runs()]
+    return [run for grid in G.priors_grids("learn-half-log-T", d) for run in grid.runs()]
 
 
 def test_stage_1_is_every_new_arm_at_every_lr_and_every_config_is_valid():
     d = priors.Decisions()
     runs = _runs(d)
-    assert len(runs) == len(priors.ARMS) * len(priors.LEARNING_RATES)
+    assert len(runs) == len(G.ARMS) * len(G.LEARNING_RATES)
     for name, cfg in runs:
         cfg.validate()
         assert cfg.seed == 0 and cfg.data.T == 64 and cfg.batch_size == 12 and cfg.steps == 2000
-        assert name.split("-pr-")[1].rsplit("-lr", 1)[0] in {a.name for a in priors.ARMS}
+        assert name.split("-pr-")[1].rsplit("-lr", 1)[0] in {a.name for a in G.ARMS}
     by_arm = {name.split("-pr-")[1].rsplit("-lr", 1)[0]: cfg for name, cfg in runs}
     assert by_arm["h-slot16"].attention.slot_bias == 16 and by_arm["h-slot16"].attention.mode == "h"
     assert by_arm["window16-slot16"].attention.coupling_window == 16
@@ -34,15 +38,15 @@ def test_stage_1_is_every_new_arm_at_every_lr_and_every_config_is_valid():
 
 
 def test_later_stages_appear_only_once_decided():
-    best = {a.name: 3e-3 for a in priors.ARMS}
+    best = {a.name: 3e-3 for a in G.ARMS}
     d = priors.Decisions(best_lr=best)  # the rule on these decisions alone, whatever decisions.json holds now
     names = [n for n, _ in _runs(d)]
-    assert sum("-s1" in n and "T64" in n for n in names) == len(priors.ARMS)  # stage 2's seeds 1 and 2
+    assert sum("-s1" in n and "T64" in n for n in names) == len(G.ARMS)  # stage 2's seeds 1 and 2
     # stage 3's arms that need no choice of stage 2 start as soon as their stage-1 lr is decided: the decisive
     # pair's lr check and window8-slot8's seeds
     long = sorted(n.split("-pr-")[1] for n in names if "T256" in n)
-    assert long == sorted([f"{a}-lr{lr}-b12-steps2000-s0" for a in priors.DECISIVE for lr in ("0.001", "0.003", "0.01")]
-                          + [f"window8-slot8-lr0.003-b12-steps2000-s{s}" for s in priors.SEEDS])
+    assert long == sorted([f"{a}-lr{lr}-b12-steps2000-s0" for a in G.DECISIVE for lr in ("0.001", "0.003", "0.01")]
+                          + [f"window8-slot8-lr0.003-b12-steps2000-s{s}" for s in G.SEEDS])
     assert not any("T256" in n for n in (n for n, _ in _runs(dataclasses.replace(d, best_lr={}))))
     d = dataclasses.replace(d, softmax_position="rope", best_uncoupled="h-slot16")
     names = [n for n, _ in _runs(d)]
@@ -70,26 +74,26 @@ def test_later_stages_appear_only_once_decided():
     ({"a": 1.700, "b": 1.706}, {"a": 5, "b": 1}, "a"),
 ])
 def test_stage_2_choice_rule(losses, steps, chosen):
-    found = {a: {"loss": {s: v for s in priors.SEEDS}, "step_s": {s: steps[a] for s in priors.SEEDS}}
+    found = {a: {"loss": {s: v for s in G.SEEDS}, "step_s": {s: steps[a] for s in G.SEEDS}}
              for a, v in losses.items()}
-    assert priors.choose_arm(found) == chosen
+    assert R.choose_arm(found) == chosen
     found["a"]["loss"].pop(2)
-    assert priors.choose_arm(found) is None  # not until every arm has its seeds
+    assert R.choose_arm(found) is None  # not until every arm has its seeds
 
 
 def test_report_on_stage_1_runs(tmp_path):
     from test_report import shakespeare_val, write_run
 
     for a, loss in (("h-slot16", 1.9), ("window16-slot16", 1.8)):
-        arm = {x.name: x for x in priors.ARMS}[a]
-        for lr in priors.LEARNING_RATES:
-            write_run(tmp_path, "shakespeare", 64, arm.mode, 0, variant=priors.variant(a, lr),
+        arm = {x.name: x for x in G.ARMS}[a]
+        for lr in G.LEARNING_RATES:
+            write_run(tmp_path, "shakespeare", 64, arm.mode, 0, variant=G.variant(a, lr),
                       val=shakespeare_val(2.7 ** (loss + (0.1 if lr != 3e-3 else 0))),
-                      **priors.overrides(arm, lr))
+                      **G.overrides(arm, lr))
     res = Results(load_runs(tmp_path))
     assert priors.owns(res)
     fresh = priors.Decisions()  # the rule on these runs alone, whatever decisions.json holds now
-    decided = priors.decide_learning_rates(res, fresh)
+    decided = R.decide_learning_rates(res, fresh)
     assert decided["h-slot16"] == (3e-3, 1e-2)  # best at the edge: the rule adds 1e-2
     lines = "\n".join(priors.report(res, studies.context(priors, tmp_path, tmp_path / "out", decisions=fresh)))
     assert "Stage 1" in lines and "window16-slot16" in lines and "**0.003**" in lines
@@ -106,15 +110,15 @@ def _planted(tmp_path):
             "h-alibi": 1.81, "h-slot16": 1.764, "window16-slot16": 1.744, "window8-slot8": 1.75,
             "softmax": 1.78, "h": 1.84, "window16": 1.753}  # the last three: the real-size runs
     wall = {"window16-slot16": 3000.0, "window8-slot8": 900.0}
-    d = priors.Decisions(best_lr={a.name: 3e-3 for a in priors.ARMS}, softmax_position="rope",
+    d = priors.Decisions(best_lr={a.name: 3e-3 for a in G.ARMS}, softmax_position="rope",
                          best_uncoupled="stickbreaking", best_coupled="window16-slot16",
                          long_lr={"window16-slot16": 3e-3, "h-slot16": 1e-3},
                          equal_compute_steps=6000)
-    arms = priors.all_arms(d)
+    arms = G.all_arms(d)
 
     def run(arm, lr, T, seed, loss, steps=None, **extra):
-        path = write_run(tmp_path, "shakespeare", T, arms[arm].mode, seed, variant=priors.variant(arm, lr, T, steps),
-                         val=shakespeare_val(2.718281828459045 ** loss), **priors.overrides(arms[arm], lr, T, steps))
+        path = write_run(tmp_path, "shakespeare", T, arms[arm].mode, seed, variant=G.variant(arm, lr, T, steps),
+                         val=shakespeare_val(2.718281828459045 ** loss), **G.overrides(arms[arm], lr, T, steps))
         raw = json.loads(path.read_text())
         raw["wall_time_s"] = wall.get(arm, 1000.0) * (1 if T == 64 else 4) * raw["config"]["steps"] / 2000
         raw.update(extra)
@@ -122,23 +126,23 @@ def _planted(tmp_path):
 
     jitter = {0: 0.0, 1: 0.002, 2: -0.001, 3: 0.001, 4: -0.002}
     for arm, loss in base.items():
-        for seed in priors.SEEDS:  # stage 2, with the decomposition on the coupled arms
+        for seed in G.SEEDS:  # stage 2, with the decomposition on the coupled arms
             split = {"layers": [{"explained": [0.9, 0.5, None, 0.1], "field_only_error": [0.01] * 4,
                                  "coupling_effect": [0.1] * 4, "field_only_square": [0.001, 0.005, 0.0, 0.009],
                                  "coupling_square": [0.01, 0.01, 0.0, 0.01]}],
                      "loss": {"exact": loss + jitter[seed], "field only": loss + 0.005, "uncoupled": loss + 0.05}}
             run(arm, 3e-3, 64, seed, loss + (jitter[seed] if arm == "window16-slot16" else 0),
                 **({"coattention": split} if arms[arm].coupled else {}))
-    for arm in priors.DECISIVE:  # stage 3's lr check: the middle wins for window16-slot16, 1e-3 for h-slot16
+    for arm in G.DECISIVE:  # stage 3's lr check: the middle wins for window16-slot16, 1e-3 for h-slot16
         for lr, extra in ((1e-3, 0.0), (3e-3, 0.02), (1e-2, 0.1)) if arm == "h-slot16" else \
                 ((1e-3, 0.05), (3e-3, 0.0), (1e-2, 0.1)):
             run(arm, lr, 256, 0, base[arm] - 0.2 + extra)
-        for seed in priors.LONG_SEEDS[1:]:
+        for seed in G.LONG_SEEDS[1:]:
             run(arm, d.long_lr[arm], 256, seed, base[arm] - 0.2 + jitter[seed] * (arm == "window16-slot16"))
     for arm in ("window8-slot8", "stickbreaking", "softmax-rope", "softmax", "h"):
-        for seed in priors.SEEDS:
+        for seed in G.SEEDS:
             run(arm, 3e-3, 256, seed, base[arm] - 0.2)
-    for seed in priors.SEEDS:  # stage 4: stickbreaking for 6000 steps
+    for seed in G.SEEDS:  # stage 4: stickbreaking for 6000 steps
         run("stickbreaking", 3e-3, 256, seed, base["stickbreaking"] - 0.25, steps=6000)
     return d
 
@@ -147,11 +151,11 @@ def test_later_stages_rules_and_report_on_planted_runs(tmp_path):
     d = _planted(tmp_path)
     res = Results(load_runs(tmp_path))
     undecided = dataclasses.replace(d, softmax_position=None, best_uncoupled=None, best_coupled=None)
-    assert priors.stage2_choices(priors.stage2(res, undecided), undecided) == {
+    assert R.stage2_choices(R.stage2(res, undecided), undecided) == {
         "softmax_position": "rope", "best_uncoupled": "stickbreaking", "best_coupled": "window16-slot16"}
-    assert priors.decide_long_lr(res, d) == {"window16-slot16": 3e-3, "h-slot16": 1e-3}
+    assert R.decide_long_lr(res, d) == {"window16-slot16": 3e-3, "h-slot16": 1e-3}
     # 2000 steps x window16-slot16's 4 x 3000 s over stickbreaking's 4 x 1000 s
-    assert priors.decide_equal_compute_steps(res, d) == 6000
+    assert R.decide_equal_compute_steps(res, d) == 6000
     (tmp_path / "out").mkdir()
     text = "\n".join(priors.report(res, studies.context(priors, tmp_path, tmp_path / "out", decisions=d)))
     for heading in ("## Stage 2", "## Stage 3: the decisive pair's lr", "## Stage 3: T = 256",
@@ -175,17 +179,17 @@ def test_the_recorded_decisions_are_the_rules_on_the_archived_runs():
 
     root = Path(__file__).resolve().parents[1] / "report"
     res = Results(load_runs(root / "priors" / "runs.jsonl.gz"))
-    res = priors._with_reused(res, studies.context(priors, root / "priors", root / "priors"))
-    decided = priors.decide_learning_rates(res, RECORDED)
+    res = R._with_reused(res, studies.context(priors, root / "priors", root / "priors"))
+    decided = R.decide_learning_rates(res, RECORDED)
     for arm, lr in RECORDED.best_lr.items():
         assert decided[arm] == (lr, None)
-    arms = priors.all_arms(RECORDED)
+    arms = G.all_arms(RECORDED)
     for arm, lrs in RECORDED.extra_learning_rates.items():  # added because the grid's winner was at its edge
-        losses = {lr: priors.per_seed(res, arms[arm], lr)["loss"][0] for lr in priors.LEARNING_RATES}
-        assert lrs == (1e-2,) and lr_rule.choose_lr(losses, priors.NEAR_TIE, priors.NANOGPT_LR) == 3e-3
-    choices = priors.stage2_choices(priors.stage2(res, RECORDED), RECORDED)
+        losses = {lr: R.per_seed(res, arms[arm], lr)["loss"][0] for lr in G.LEARNING_RATES}
+        assert lrs == (1e-2,) and lr_rule.choose_lr(losses, G.NEAR_TIE, G.NANOGPT_LR) == 3e-3
+    choices = R.stage2_choices(R.stage2(res, RECORDED), RECORDED)
     for key in ("softmax_position", "best_uncoupled", "best_coupled"):
         if getattr(RECORDED, key) is not None:
             assert choices[key] == getattr(RECORDED, key)
     if RECORDED.equal_compute_steps is not None:  # stage 4's steps, from the stage-3 wall times
-        assert priors.decide_equal_compute_steps(res, RECORDED) == RECORDED.equal_compute_steps
+        assert R.decide_equal_compute_steps(res, RECORDED) == RECORDED.equal_compute_steps

@@ -9,7 +9,8 @@ from scipy import stats
 from test_report import assert_prose_is_complete, shakespeare_val, table_after, write_run
 
 from boltzmann_attention.experiments.results import Results, load_runs, unpack_archive, write_archive
-from boltzmann_attention.experiments.studies import baselines, profile, sampling, study_of, write_report
+from boltzmann_attention.experiments.studies import profile, sampling, study_of, write_report
+from boltzmann_attention.experiments.studies.baselines import grids as G
 
 GRADIENTS = ("ste", "covariance")
 
@@ -40,7 +41,7 @@ def test_boltzmann_profile_follows_the_design():
         assert {k for k in d if d[k] != by_point[(c.task, c.T, c.mode, c.seed)][k]} == {"method", "method_options"}
     # the exact Shakespeare runs at T = 8 have the config of the baselines study's stage-1 gpt2 runs
     stage1 = {(c.mode, c.seed): c.flat() for grid in profile("baselines") for name, c in grid.runs()
-              if grid.variant == baselines.variant("gpt2") and c.T == 8}
+              if grid.variant == G.variant("gpt2") and c.T == 8}
     for point, d in by_point.items():
         if point[:2] == ("shakespeare", 8):
             assert d == stage1[(point[2], point[3])]

@@ -10,7 +10,8 @@ a mean-field run its solver's non-convergence, which the report states.
 The rules of each stage and the measurements behind each choice (step times, memory, cost) are in
 ``protocol.md``, which the report quotes; the decisions made from runs (the lrs added beyond an edge, diverged
 lrs, each arm's best lr, the fastest arm) in ``decisions.json``, handed to the grids and the report as
-:class:`Decisions`. ``experiments.benchmarks.training.time_steps`` measures step times side by side.
+:class:`Decisions`. ``experiments.benchmarks.training.time_steps`` measures step times side by side. The
+grids are in ``grids.py``, the report in ``report.py``.
 """
 
 from __future__ import annotations
