@@ -184,6 +184,7 @@ COMMAND_FUNCTIONS = ("methods", "steps", "approximations", "window", "banded", "
                      "dqa-calibration")
 
 
+@pytest.mark.slow
 def test_threads_zero_exits_at_once_in_a_fresh_process():
     """The installed command with --threads 0 exits with a usage error (it used to wait forever on a dead child)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -232,12 +233,14 @@ class _DiesOnArrival:
         return "Case(dies on arrival)"
 
 
+@pytest.mark.slow
 def test_a_child_that_dies_is_reported_not_waited_on(deadline):
     deadline(120)
     with pytest.raises(RuntimeError, match=r"Case\(dies on arrival\) died without a result \(exit code 3\)"):
         layers.run_case(_DiesOnArrival(), poll_s=0.2)
 
 
+@pytest.mark.slow
 def test_a_child_that_fails_is_reported_with_its_case(deadline):
     deadline(120)
     with pytest.raises(RuntimeError, match=r"the benchmark of Case\(method='exact', T=4.*failed: .*threads"):
@@ -306,6 +309,7 @@ def _table_rows(out: str, header: str) -> list[str]:
     return rows
 
 
+@pytest.mark.slow
 def test_methods_smoke_run(capsys, tmp_path, deadline):
     deadline(300)
     out = _bench(capsys, "methods", "--smoke", "--threads", "1", "--json", str(tmp_path / "m.json"))
@@ -382,6 +386,7 @@ def test_profile_step_configs_one_per_step_configuration():
     assert set(training.profile_step_configs("quick", "brackets")) == {n for n in configs if "brackets" in n}
 
 
+@pytest.mark.slow
 def test_approximations_smoke_run(capsys):
     out = _bench(capsys, "approximations", "--smoke", "--threads", "1")
     assert out.startswith("Machine: ")
@@ -448,6 +453,7 @@ def test_banded_baseline_that_git_cannot_show_is_a_clear_error(monkeypatch):
         layers.banded_layers(8, "no-such-commit")
 
 
+@pytest.mark.slow
 def test_dqa_calibration_smoke_run(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     out_dir = tmp_path / "new" / "report"
@@ -459,6 +465,7 @@ def test_dqa_calibration_smoke_run(capsys, tmp_path):
     assert (out_dir / "calibration.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_grid_throughput_smoke_run(capsys, deadline):
     deadline(300)
     out = _bench(capsys, "grid-throughput", "--before", str(ROOT), "--after", str(ROOT), "--profile", "quick",
@@ -470,6 +477,7 @@ def test_grid_throughput_smoke_run(capsys, deadline):
     assert "Median step ratio over configurations: " in out
 
 
+@pytest.mark.slow
 def test_grid_throughput_names_the_tree_that_failed(tmp_path):
     """A tree whose package cannot be imported from it fails by name, and is not replaced by an installed copy."""
     (tmp_path / "src" / "boltzmann_attention").mkdir(parents=True)  # no __init__.py: not the package
@@ -497,6 +505,7 @@ def test_grid_configurations_split_by_step_cost_only():
     assert all(0 <= i < len(configs) and steps > 0 for i, steps in runs)
 
 
+@pytest.mark.slow
 def test_grid_tree_without_a_needed_field_is_refused_by_name(monkeypatch):
     """A field the tree's TrainConfig lacks is dropped where it holds the default and refused otherwise."""
     from boltzmann_attention.experiments.train import TrainConfig

@@ -55,6 +55,7 @@ def test_an_unknown_version_is_refused():
             pass
 
 
+@pytest.mark.slow
 def test_a_trained_coupled_window_records_its_decomposition_and_it_recomputes_from_the_kept_model(tmp_path, capsys):
     tiny = dict(steps=4, batch_size=4, eval_interval=4, eval_windows=8, d_model=16, d_ff=32, n_layers=2,
                 n_heads=2, warmup_steps=1, coupling="window", coupling_window=W, coupling_init_std=0.5, slot_bias=W)

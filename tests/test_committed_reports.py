@@ -27,6 +27,7 @@ def archives(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not ARCHIVES, reason="no committed reports (not a checkout)")
 @pytest.mark.parametrize("name", [a.parent.name for a in ARCHIVES])
 def test_a_committed_report_regenerates_unchanged(archives, name):

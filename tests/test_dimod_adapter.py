@@ -135,6 +135,7 @@ def test_sampler_errors():
         DimodSampler(FixedSampler(), num_reads=0)
 
 
+@pytest.mark.slow
 def test_package_imports_without_dimod():
     code = ("import sys; sys.modules['dimod'] = None\n"
             "import boltzmann_attention.ising.dimod_adapter, boltzmann_attention.ising.annealing\n")

@@ -45,6 +45,7 @@ def test_odd_sizes_agree_with_reference(method):
                                    atol=1e-11, rtol=0)
 
 
+@pytest.mark.slow
 def test_scaling_benchmark_rows_table_and_plot(tmp_path):
     """The time-against-n benchmark runs every scalable method (exact only while it can) and plots."""
     from boltzmann_attention.experiments.benchmarks import approximations as benchmark

@@ -352,6 +352,7 @@ def test_verdicts():
     assert verdict(None, "greater").text == "not measured"
 
 
+@pytest.mark.slow
 def test_archive_written_with_the_report_reproduces_it(tmp_path):
     """The committed runs.jsonl.gz is enough to regenerate the same report."""
     build_results(tmp_path / "results")
@@ -753,6 +754,7 @@ def test_a_new_study_is_its_folder_alone(tmp_path, monkeypatch, capsys):
     assert "toy decided 7 steps" in text and "archive full" in text
 
 
+@pytest.mark.slow
 def test_importing_the_reports_loads_no_plotting_or_scipy():
     import subprocess
     import sys

@@ -144,6 +144,7 @@ def _all_end(workers: list[int]) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_stops_its_workers(tmp_path):
     """SIGTERM to a sweep of two parallel runs ends the workers too, not only the parent."""
     import signal
@@ -164,6 +165,7 @@ def test_a_killed_sweep_stops_its_workers(tmp_path):
         parent.kill()
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_parallel_sweep_in_one_line(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) ends the command with exit 130 and
     one line saying how to resume, with no traceback from the parent or its workers, and no worker left."""
@@ -213,6 +215,7 @@ def _trained(files: dict) -> dict:
             for name, text in files.items()}
 
 
+@pytest.mark.slow
 def test_the_submitit_executor_writes_the_results_the_process_pool_does(finished, tmp_path, capsys):
     """The same tiny sweep as submitit jobs (its local executor: each job a subprocess) gives the same result
     files, resumes the same way and refuses options it cannot pass on."""
@@ -232,6 +235,7 @@ def test_the_submitit_executor_writes_the_results_the_process_pool_does(finished
         sweep([grid], tmp_path / "other", executor="ray")
 
 
+@pytest.mark.slow
 def test_a_run_that_fails_inside_a_submitit_job_is_reported_like_a_local_one(tmp_path):
     pytest.importorskip("submitit")
     (tmp_path / "checkpoints").mkdir()

@@ -386,6 +386,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_ddp_two_processes(tmp_path):
     """torchrun-style launch of 2 gloo processes; rank 0 writes the result."""
     out = tmp_path / "ddp.json"
@@ -444,6 +445,7 @@ if dist.get_rank() == 0:
 """
 
 
+@pytest.mark.slow
 def test_ddp_resume_equals_uninterrupted_run(tmp_path):
     """Each process resumes its own data order: a killed 2-process run resumes bit for bit."""
     script, out = tmp_path / "resume.py", tmp_path / "out.json"
@@ -629,6 +631,7 @@ def test_relative_coupling_range_reaches_the_layer():
         assert attn.method_options.get("bandwidth") == (3 if method == "banded" else None)
 
 
+@pytest.mark.slow
 def test_the_memory_probe_measures_a_fresh_process(tmp_path):
     """The probe's peak is its own process's: not raised by this (test) process's size, as ru_maxrss carried
     over fork and exec would be; and a larger batch takes more memory in its steps."""

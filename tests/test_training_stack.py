@@ -368,6 +368,7 @@ COMPILED_MODES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(COMPILED_MODES))
 def test_a_small_model_compiles_in_one_graph_and_trains_as_in_eager(config):
     """torch.compile(fullgraph=True) of a two-layer model, causal, T = 8: no graph break (torch._dynamo.explain),

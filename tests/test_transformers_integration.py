@@ -438,6 +438,7 @@ def test_the_defaults_convert_a_model_of_real_length():
     assert stored["coupling_window"] is None
 
 
+@pytest.mark.slow
 def test_the_class_own_from_pretrained_cannot_give_a_softmax_model(tmp_path):
     """A converted checkpoint records attn_implementation 'boltzmann': the class's own from_pretrained (without
     the Boltzmann parameters) refuses at the first forward, and, where this package is not imported, at loading."""
@@ -458,6 +459,7 @@ def test_the_class_own_from_pretrained_cannot_give_a_softmax_model(tmp_path):
     assert fresh.returncode != 0 and 'attn_implementation="boltzmann"' in fresh.stderr
 
 
+@pytest.mark.slow
 def test_the_readme_path_converted_trained_under_bf16_autocast_and_compiled():
     """What a new user does from the README: convert a decoder (the default coupled window), compile it, and
     train a step under bf16 autocast; the compiled loss and gradients are eager's (bf16 rounding aside)."""
