@@ -103,6 +103,11 @@ def protocol_sections(text: str) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------------------------------- header
 
+def every_run_is(res: Results, prefix: str) -> bool:
+    """A study's ``owns`` when its variants share a prefix: there are runs, and every one's variant starts with it."""
+    return bool(res.all_runs) and all(r.variant.startswith(prefix) for r in res.all_runs)
+
+
 def header_section(res: Results, results_dir: Path) -> list[str]:
     runs = res.runs
     per_task = Counter(r.task for r in runs)

@@ -7,7 +7,7 @@ import statistics
 import numpy as np
 
 from ... import lr_rule
-from ...report import ReportContext, header_section, protocol_sections
+from ...report import ReportContext, every_run_is, header_section, protocol_sections
 from ...results import Group, Results
 from ...stats import paired, points, stat
 from ...tables import fmt_interval, fmt_num, fmt_stat, md_table
@@ -39,8 +39,8 @@ WHERE = "studies/blocks/decisions.json"
 
 
 def owns(res: Results) -> bool:
-    runs = list(res.all_runs)
-    return bool(runs) and all(r.variant.startswith(PREFIX) for r in runs)
+    """True when every run is of this study's variants."""
+    return every_run_is(res, PREFIX)
 
 
 def _group(res: Results, arm: str, s: Setting, lr: float) -> Group | None:

@@ -7,7 +7,15 @@ from pathlib import Path
 
 from ... import lr_rule
 from ...recipes import NANOGPT, NANOGPT_T
-from ...report import ReportContext, archive_runs, fmt_difference, header_section, lr_decision_notes, protocol_sections
+from ...report import (
+    ReportContext,
+    archive_runs,
+    every_run_is,
+    fmt_difference,
+    header_section,
+    lr_decision_notes,
+    protocol_sections,
+)
 from ...report import coattention_section as shared_coattention_section
 from ...results import NO_MEASURES, Results
 from ...stats import millinats, paired, stat
@@ -42,7 +50,7 @@ from .grids import (
 
 def owns(res: Results) -> bool:
     """True when every run is of this study's variants."""
-    return bool(res.all_runs) and all(r.variant.startswith(PREFIX) for r in res.all_runs)
+    return every_run_is(res, PREFIX)
 
 
 def _with_reused(res: Results, context: ReportContext) -> Results:

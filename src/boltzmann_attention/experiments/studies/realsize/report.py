@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ... import lr_rule
 from ...recipes import NANOGPT, NANOGPT_LOSS, NANOGPT_T
-from ...report import ReportContext, header_section, lr_decision_notes, protocol_sections
+from ...report import ReportContext, every_run_is, header_section, lr_decision_notes, protocol_sections
 from ...results import NO_MEASURES, Results
 from ...stats import millinats, paired, relative, stat
 from ...tables import fmt_interval, fmt_num, fmt_stat, md_table, table_with_holm
@@ -36,7 +36,7 @@ from .grids import (
 
 def owns(res: Results) -> bool:
     """True when every run is of this study's variants."""
-    return bool(res.all_runs) and all(r.variant.startswith(PREFIX) for r in res.all_runs)
+    return every_run_is(res, PREFIX)
 
 
 def report(res: Results, context: ReportContext) -> list[str]:
