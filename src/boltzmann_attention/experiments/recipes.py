@@ -5,8 +5,8 @@ samplers.
 
 No study imported: a study reuses a recipe by importing it from here. ``DEFAULT_FIELD_BIAS``, ``CHOSEN_INIT``
 and ``BEST_LR`` are the fair and baselines studies' decisions, read from their ``decisions.json`` (data, not
-code), so they are written once;
-nanoGPT's values are from its ``config/train_shakespeare_char.py`` with the README's CPU overrides.
+code), so they are written once; nanoGPT's values are from its ``config/train_shakespeare_char.py`` with the
+README's CPU overrides.
 """
 
 from __future__ import annotations

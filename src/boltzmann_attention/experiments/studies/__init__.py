@@ -150,8 +150,8 @@ def protocol(study: ModuleType) -> str:
 
 def profile(profile_name: str, field_bias_name: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
     """The grids of profile ``profile_name`` under its study's decisions; ``field_bias_name`` (a key of
-    ``recipes.FIELD_BIASES``) sets
-    the field bias of the Boltzmann modes (the fair study's bias comparison runs every variant whatever it is)."""
+    ``recipes.FIELD_BIASES``) sets the field bias of the Boltzmann modes (the fair study's bias comparison runs
+    every variant whatever it is)."""
     field_bias(field_bias_name)  # validates the name
     study = study_of_profile(profile_name)
     return study.PROFILES[profile_name](field_bias_name, load_decisions(study))
