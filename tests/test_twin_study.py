@@ -219,8 +219,9 @@ def test_the_recorded_decisions_are_the_rules_output_on_the_archived_runs():
         assert d.long_multiplier.get(arm, m) == m
 
 
-def _write_seeds(root, losses):
-    """Result JSONs of every seed for {Setting: {seed: loss}} (seeded wall times: 100 s per run)."""
+def _write_seeds(root, losses, wall_time_s=100.0, evaluations=None):
+    """Result JSONs of every seed for {Setting: {seed: loss}}, each run taking ``wall_time_s``; ``evaluations``
+    (step -> offset) adds earlier evaluations at the final loss plus the offset."""
     import json
     import math
     from dataclasses import asdict
@@ -232,8 +233,10 @@ def _write_seeds(root, losses):
             loss = by_seed[cfg.seed]
             val = {"loss": loss, "ppl": math.exp(loss), "loss_last": loss, "ppl_last": math.exp(loss)}
             result = {"run": name, "variant": grid.variant, "config": asdict(cfg), "seed": cfg.seed,
-                      "steps_run": cfg.steps, "wall_time_s": 100.0, "metrics": {"val": val},
-                      "history": [{"step": cfg.steps, "train_loss": 1.0, **val}], "machine": "x86_64", "cpus": 2,
+                      "steps_run": cfg.steps, "wall_time_s": wall_time_s, "metrics": {"val": val},
+                      "history": [*({"step": st, "train_loss": 1.0, "loss": loss + off}
+                                    for st, off in (evaluations or {}).items()),
+                                  {"step": cfg.steps, "train_loss": 1.0, **val}], "machine": "x86_64", "cpus": 2,
                       "torch": "2.13.0", "python": "3.11", "commit": "abc"}
             path = root / "runs" / f"{name}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,7 +262,8 @@ def test_stages_b_to_d_are_reported_with_their_verdicts(tmp_path):
     assert R.decide_best(res, d) == {"best_coupled": "window16-rope", "best_uncoupled": "stickbreaking"}
     d = dataclasses.replace(d, best_coupled="window16-rope", best_uncoupled="stickbreaking",
                             equal_compute_arm="stickbreaking", equal_compute_steps=1600)
-    _write_seeds(tmp_path, {G.Setting("stickbreaking", G.LONG_T, steps=1600): {s: 1.538 + e for s, e in noise.items()}})
+    _write_seeds(tmp_path, {G.Setting("stickbreaking", G.LONG_T, steps=1600): {s: 1.538 + e for s, e in noise.items()}},
+                 wall_time_s=120.0, evaluations={800: 0.030, 1200: 0.010, 1400: 0.004})
     res = Results(load_runs(tmp_path))
     text = "\n".join(R.report(res, ReportContext(tmp_path, tmp_path / "out", d, "# T\n\nThe rules.\n")))
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if " vs " in line}
@@ -270,5 +274,10 @@ def test_stages_b_to_d_are_reported_with_their_verdicts(tmp_path):
     equal_time = next(line for line in text.splitlines() if "equal wall time" in line)
     assert "stickbreaking: 1600 steps" in equal_time and "+8.00" in equal_time  # 1.538 against 1.530
     assert "equivalent within ±15 (the coupled arm ahead" in equal_time
+    # the recorded times: window16-rope 100 s per 2000 steps, stickbreaking 120 s per 1600 (0.075 s per step),
+    # so equal recorded time is 1333 of its steps, between its evaluations at 1200 and 1400
+    recorded = next(line for line in text.splitlines() if line.startswith("The protocol's ratio"))
+    assert "a ratio of 0.67, so equal recorded time is 1333 stickbreaking steps" in recorded
+    assert "at step 1200 +18.00 [+18.00, +18.00]*; at step 1400 +12.00 [+12.00, +12.00]*." in recorded  # 1.548, 1.542
     assert "### 3. The best coupled arm against the best uncoupled arm" in text
     assert "| stickbreaking | - | 1.5294 ± 0.0027 (n=5) |" in text

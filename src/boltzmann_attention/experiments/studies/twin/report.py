@@ -295,8 +295,55 @@ def questions_section(res: Results, d: Decisions) -> list[str]:
             c3 = paired(per_seed(res, uncoupled)["loss"], per_seed(res, coupled)["loss"], millinats)
             rows.append([f"{best['best_coupled']} vs {best['best_uncoupled']}, equal wall time "
                          f"({d.equal_compute_arm}: {d.equal_compute_steps} steps)", c3])
+            recorded = _recorded_wall_time(res, short, long_other)
+        else:
+            recorded = []
         lines += ["### 3. The best coupled arm against the best uncoupled arm", "", _family_table(rows), ""]
+        lines += recorded
     return lines
+
+
+def _evaluations(res: Results, s: Setting) -> dict[int, dict[int, float]]:
+    """step -> {seed: validation loss} from the runs' evaluation histories."""
+    g = _group(res, s)
+    out: dict[int, dict[int, float]] = {}
+    for seed, run in (g.runs.items() if g is not None else ()):
+        for h in run.raw.get("history") or ():
+            if isinstance(h.get("loss"), (int, float)):
+                out.setdefault(int(h["step"]), {})[seed] = float(h["loss"])
+    return out
+
+
+def _recorded_wall_time(res: Results, short: Setting, dear: Setting) -> list[str]:
+    """Question 3 at the runs' own recorded wall times (outside the protocol, whose ratio is timed idle): the
+    cheaper arm's evaluations either side of the step where its recorded time equals the dearer arm's."""
+    cheap_g, dear_g = _group(res, short), _group(res, dear)
+    if cheap_g is None or dear_g is None:
+        return []
+    dear_s = statistics.mean(r.wall_time_s for r in dear_g.runs.values())
+    cheap_step = statistics.mean(cheap_g.measures()["step_s"].values())
+    if not (dear_s > 0 and cheap_step > 0):
+        return []
+    budget = dear_s / cheap_step
+    seeds = set(cheap_g.runs)
+    evals = {step: v for step, v in _evaluations(res, short).items() if set(v) == seeds and step < short.steps}
+    below = max((st for st in evals if st <= budget), default=None)
+    above = min((st for st in evals if st > budget), default=None)
+    coupled_first = ARMS[short.arm].coupled
+    dear_loss = per_seed(res, dear)["loss"]
+    parts = []
+    for st in (below, above):
+        if st is not None:
+            a, b = (dear_loss, evals[st]) if coupled_first else (evals[st], dear_loss)
+            c = paired(a, b, millinats)
+            parts.append(f"at step {st} {fmt_interval(c) if c is not None else 'no pairs'}")
+    dear_steps = dear.steps or LONG_STEPS
+    ratio = dear_s / dear_steps / cheap_step
+    return [f"The protocol's ratio was timed with the machine idle. The runs' recorded wall times (under the "
+            f"sweep's load, evaluations included) are {dear.arm} {dear_s:.0f} s per {dear_steps}-step run and "
+            f"{short.arm} {cheap_step:.3f} s per step: a ratio of {ratio:.2f}, so equal recorded time is "
+            f"{budget:.0f} {short.arm} steps. At its evaluations either side (mid-schedule, its learning rate not "
+            f"yet decayed; outside the protocol, unadjusted): " + ("; ".join(parts) or "none recorded") + ".", ""]
 
 
 __all__ = ["MARGIN", "decide_a1", "decide_a2", "decide_a3", "decide_best", "owns", "report", "verdict"]
