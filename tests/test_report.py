@@ -763,3 +763,20 @@ def test_importing_the_reports_loads_no_plotting_or_scipy():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'scipy'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_group_curves_keep_the_evaluations_every_seed_recorded_in_step_order():
+    from types import SimpleNamespace
+
+    from boltzmann_attention.experiments.results import Group
+
+    histories = {0: [{"step": 500, "loss": 2.0}, {"step": 250, "loss": 3.0}, {"step": 1000, "loss": 1.5}],
+                 1: [{"step": 250, "loss": 3.2}, {"step": 500, "loss": 2.2, "ppl": 9.0}, {"step": 750, "loss": 1.9}],
+                 2: [{"step": 250, "loss": 3.1, "ppl": 22.0}, {"step": 500, "loss": 2.1}, {"step": 1000}]}
+    g = Group("shakespeare", "v", 64, "h+J", "exact", {s: SimpleNamespace(raw={"history": h})
+                                                      for s, h in histories.items()})
+    assert g.curves() == {250: {0: 3.0, 1: 3.2, 2: 3.1}, 500: {0: 2.0, 1: 2.2, 2: 2.1}}
+    assert list(g.curves()) == [250, 500]
+    assert g.curves("ppl") == {}  # no step where all three recorded it
+    g.runs[2] = SimpleNamespace(raw={})  # a run without a history leaves no common evaluation
+    assert g.curves() == {}

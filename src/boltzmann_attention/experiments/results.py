@@ -274,6 +274,16 @@ class Group:
                 "peak_mib": {s: m["peak_rss_mib"] for s, m in memory.items() if m.get("peak_rss_mib") is not None},
                 "steps_mib": {s: m["steps_mib"] for s, m in memory.items() if m.get("steps_mib") is not None}}
 
+    def curves(self, metric: str = "loss") -> dict[int, dict[int, float]]:
+        """step -> {seed: validation ``metric``}, in step order, at the evaluations during training that every
+        run of the group recorded (from the runs' histories)."""
+        by_step: dict[int, dict[int, float]] = {}
+        for seed, run in self.runs.items():
+            for h in run.raw.get("history") or ():
+                if metric in h:
+                    by_step.setdefault(int(h["step"]), {})[seed] = float(h[metric])
+        return {step: v for step, v in sorted(by_step.items()) if len(v) == len(self.runs)}
+
     def couplings(self) -> dict[int, np.ndarray]:
         """seed -> J of head 0, (T, T)."""
         return {s: r.couplings[0] for s, r in self.runs.items() if r.couplings is not None}

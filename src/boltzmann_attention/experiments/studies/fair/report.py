@@ -181,11 +181,10 @@ def plot_convergence(study: Study, variant: str, path: Path) -> None:
                            ("h+J", study.group("shakespeare", FAIR_T, "h+J", variant), "tab:blue")):
         if g is None:
             continue
-        curves = [{e["step"]: math.exp(e["loss"]) for e in r.raw.get("history", [])} for r in g.runs.values()]
-        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-        if steps:
-            ax.plot(steps, [np.mean([c[s] for c in curves]) for s in steps], marker="o", ms=3, color=color,
-                    label=f"{mode} (n={len(curves)})")
+        curves = g.curves()
+        if curves:
+            ax.plot(list(curves), [np.mean([math.exp(x) for x in v.values()]) for v in curves.values()], marker="o",
+                    ms=3, color=color, label=f"{mode} (n={len(g.runs)})")
     finish(fig, ax, "step", "validation perplexity", f"Shakespeare T={FAIR_T}, 16000 steps", path)
 
 

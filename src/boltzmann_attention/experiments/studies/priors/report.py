@@ -311,13 +311,12 @@ def _plot(res: Results, T: int, curves: dict[str, tuple[Arm, float, int | None]]
         g = _group(res, arm, lr, T, steps)
         if g is None:
             continue
-        runs = list(g.runs.values())
-        histories = [{h["step"]: h["loss"] for h in r.raw.get("history", [])} for r in runs]
-        common = sorted(set.intersection(*(set(h) for h in histories)))
-        if not common:
+        curves = g.curves()
+        if not curves:
             continue
-        mean = [statistics.mean(h[s] for h in histories) for s in common]
-        step_s = statistics.mean(r.wall_time_s / r.config["steps"] for r in runs)
+        common = list(curves)
+        mean = [statistics.mean(v.values()) for v in curves.values()]
+        step_s = statistics.mean(g.measures()["step_s"].values())
         color = ARM_COLORS.get(arm.name, "tab:gray")
         style = dict(marker=".", color=color, linestyle="--" if steps else "-")
         ax.plot(common, mean, label=f"{label} (lr {lr:g})", **style)

@@ -191,12 +191,10 @@ def _plot(res: Results, T: int, found: dict, path: Path, d: Decisions) -> None:
     fig = figure(9.0, 3.4)
     ax, sax = fig.subplots(1, 2)
     for arm, f in found.items():
-        runs = _group(res, arm, d.best_lr[arm], T).runs.values()
-        curves = [{h["step"]: h["loss"] for h in r.raw.get("history", [])} for r in runs]
-        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        curves = _group(res, arm, d.best_lr[arm], T).curves()
         color = ARM_COLORS.get(arm, "tab:gray")
-        if steps:
-            ax.plot(steps, [statistics.mean(c[s] for c in curves) for s in steps], marker=".", color=color,
+        if curves:
+            ax.plot(list(curves), [statistics.mean(v.values()) for v in curves.values()], marker=".", color=color,
                     label=f"{arm} (lr {d.best_lr[arm]:g})")
         loss = stat(f["loss"].values())
         sax.errorbar([1000 * statistics.mean(f["step_s"].values())], [loss.mean],

@@ -291,11 +291,16 @@ def questions_section(res: Results, d: Decisions) -> list[str]:
             short = Setting(base.arm, LONG_T, base.coupling, base.slot_bias, d.equal_compute_steps)
             other = best["best_uncoupled" if d.equal_compute_arm == best["best_coupled"] else "best_coupled"]
             long_other = long_setting(other, d)
-            coupled, uncoupled = ((short, long_other) if ARMS[short.arm].coupled else (long_other, short))
-            c3 = paired(per_seed(res, uncoupled)["loss"], per_seed(res, coupled)["loss"], millinats)
+            other_loss = per_seed(res, long_other)["loss"]
+
+            def delta(short_loss: dict[int, float]) -> Paired | None:  # uncoupled minus coupled
+                pair = (other_loss, short_loss) if ARMS[short.arm].coupled else (short_loss, other_loss)
+                return paired(*pair, millinats)
+
             rows.append([f"{best['best_coupled']} vs {best['best_uncoupled']}, equal wall time "
-                         f"({d.equal_compute_arm}: {d.equal_compute_steps} steps)", c3])
-            recorded = _recorded_wall_time(res, short, long_other)
+                         f"({d.equal_compute_arm}: {d.equal_compute_steps} steps)",
+                         delta(per_seed(res, short)["loss"])])
+            recorded = _recorded_wall_time(res, short, long_other, delta)
         else:
             recorded = []
         lines += ["### 3. The best coupled arm against the best uncoupled arm", "", _family_table(rows), ""]
@@ -303,20 +308,10 @@ def questions_section(res: Results, d: Decisions) -> list[str]:
     return lines
 
 
-def _evaluations(res: Results, s: Setting) -> dict[int, dict[int, float]]:
-    """step -> {seed: validation loss} from the runs' evaluation histories."""
-    g = _group(res, s)
-    out: dict[int, dict[int, float]] = {}
-    for seed, run in (g.runs.items() if g is not None else ()):
-        for h in run.raw.get("history") or ():
-            if isinstance(h.get("loss"), (int, float)):
-                out.setdefault(int(h["step"]), {})[seed] = float(h["loss"])
-    return out
-
-
-def _recorded_wall_time(res: Results, short: Setting, dear: Setting) -> list[str]:
+def _recorded_wall_time(res: Results, short: Setting, dear: Setting, delta) -> list[str]:
     """Question 3 at the runs' own recorded wall times (outside the protocol, whose ratio is timed idle): the
-    cheaper arm's evaluations either side of the step where its recorded time equals the dearer arm's."""
+    cheaper arm's evaluations either side of the step where its recorded time equals the dearer arm's, each
+    compared by ``delta`` (the cheaper arm's per-seed losses -> the paired difference)."""
     cheap_g, dear_g = _group(res, short), _group(res, dear)
     if cheap_g is None or dear_g is None:
         return []
@@ -325,25 +320,22 @@ def _recorded_wall_time(res: Results, short: Setting, dear: Setting) -> list[str
     if not (dear_s > 0 and cheap_step > 0):
         return []
     budget = dear_s / cheap_step
-    seeds = set(cheap_g.runs)
-    evals = {step: v for step, v in _evaluations(res, short).items() if set(v) == seeds and step < short.steps}
+    evals = {step: v for step, v in cheap_g.curves().items() if step < short.steps}
     below = max((st for st in evals if st <= budget), default=None)
     above = min((st for st in evals if st > budget), default=None)
-    coupled_first = ARMS[short.arm].coupled
-    dear_loss = per_seed(res, dear)["loss"]
     parts = []
     for st in (below, above):
         if st is not None:
-            a, b = (dear_loss, evals[st]) if coupled_first else (evals[st], dear_loss)
-            c = paired(a, b, millinats)
+            c = delta(evals[st])
             parts.append(f"at step {st} {fmt_interval(c) if c is not None else 'no pairs'}")
     dear_steps = dear.steps or LONG_STEPS
     ratio = dear_s / dear_steps / cheap_step
     return [f"The protocol's ratio was timed with the machine idle. The runs' recorded wall times (under the "
             f"sweep's load, evaluations included) are {dear.arm} {dear_s:.0f} s per {dear_steps}-step run and "
             f"{short.arm} {cheap_step:.3f} s per step: a ratio of {ratio:.2f}, so equal recorded time is "
-            f"{budget:.0f} {short.arm} steps. At its evaluations either side (mid-schedule, its learning rate not "
-            f"yet decayed; outside the protocol, unadjusted): " + ("; ".join(parts) or "none recorded") + ".", ""]
+            f"{budget:.0f} {short.arm} steps. At its evaluations either side (mid-schedule, before its learning "
+            f"rate has finished decaying; outside the protocol, unadjusted): {'; '.join(parts) or 'none recorded'}.",
+            ""]
 
 
 __all__ = ["MARGIN", "decide_a1", "decide_a2", "decide_a3", "decide_best", "owns", "report", "verdict"]
