@@ -125,3 +125,87 @@ def test_the_test_set_is_fixed_and_apart_from_the_validation_set_and_a_run_repor
     assert torch.equal(data.test[0], again.test[0]) and torch.equal(solve(data.test[0]), data.test[1][:, -5:])
     val = {tuple(r) for r in data.val[0].tolist()}
     assert not any(tuple(r) in val for r in data.test[0].tolist())
+
+
+@pytest.mark.parametrize("N,L,B", [(5, 2, 3), (5, 2, 8), (4, 3, 5), (5, 2, 26)])
+@pytest.mark.parametrize("answer", blocks.ANSWERS)
+def test_with_conjunction_no_single_letter_names_the_block(N, L, B, answer):
+    """By brute force over each sequence's text: one block holds every query letter, and every query letter is
+    held by at least two blocks."""
+    T = blocks.length(N, L, B, answer)
+    x, y = generate(300, torch.Generator().manual_seed(3), T, N, L, B, conjunction=True, answer=answer)
+    for row in x:
+        letters, markers, query = blocks.parse(row)
+        assert len(letters) == B and all(len(b) == N == len(set(b)) for b in letters)
+        assert sum(set(query) <= set(b) for b in letters) == 1
+        assert all(sum(c in b for b in letters) >= 2 for c in query)
+    assert blocks.needs_conjunction(x).all()
+    assert torch.equal(solve(x, N).flatten(), y[y != IGNORE])
+
+
+def test_without_conjunction_two_blocks_never_need_both_letters():
+    """The plain task's share, measured: with 2 blocks either letter alone always names the block."""
+    T = blocks.length(5, 2, 2)
+    x, _ = generate(2000, torch.Generator().manual_seed(4), T, 5, 2, 2)
+    assert not blocks.needs_conjunction(x).any()
+    x, _ = generate(2000, torch.Generator().manual_seed(4), blocks.length(5, 2, 10), 5, 2, 10)
+    assert 0.55 < float(blocks.needs_conjunction(x).float().mean()) < 0.72  # about 64% with 10 blocks
+
+
+def test_marker_answers_are_one_token_the_target_blocks_random_marker():
+    N, L, B = 5, 2, 6
+    T = blocks.length(N, L, B, "marker") + 3
+    x, y = generate(500, torch.Generator().manual_seed(5), T, N, L, B, conjunction=True, answer="marker")
+    assert ((y != IGNORE).sum(1) == 1).all() and (y[:, -1] >= blocks.FIRST_MARKER).all()
+    first = []
+    for row, target in zip(x, y[:, -1].tolist()):
+        chars = text(row)
+        assert chars[:3] == "___" and "." not in chars
+        letters, markers, query = blocks.parse(row)
+        assert len(set(markers)) == B and all(m.isupper() for m in markers)
+        holder = next(i for i, b in enumerate(letters) if set(query) <= set(b))
+        assert markers[holder] == blocks.SYMBOLS[target]
+        first.append(markers[0])
+    assert len(set(first)) > 20  # the marker says nothing of the block's place
+
+
+def test_a_wrong_marker_is_classified_by_the_block_it_picked():
+    x, y = generate(200, torch.Generator().manual_seed(6), blocks.length(5, 2, 5, "marker"), 5, 2, 5,
+                    conjunction=True, answer="marker")
+    kinds = {"right": [], "decoy": [], "other": [], "not_a_marker": []}
+    for row, target in zip(x, y[:, -1].tolist()):
+        letters, markers, query = blocks.parse(row)
+        held = [sum(c in b for c in query) for b in letters]
+        decoy = next(markers[i] for i, h in enumerate(held) if 0 < h < len(query))
+        other = next((markers[i] for i, h in enumerate(held) if h == 0), None)
+        absent = next(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in markers)
+        picks = {"right": target, "decoy": blocks.SYMBOLS.index(decoy), "not_a_marker": blocks.SYMBOLS.index(absent)}
+        if other is not None:
+            picks["other"] = blocks.SYMBOLS.index(other)
+        for kind, token in picks.items():
+            kinds[kind].append((row, token))
+    for i, kind in enumerate(blocks.CLASSES):
+        rows, tokens = zip(*kinds[kind])
+        assert (blocks.answer_classes(torch.tensor(tokens), torch.stack(rows)) == i).all(), kind
+    logits = torch.full((len(x), x.shape[1], blocks.MARKER_VOCAB_SIZE), -5.0)
+    logits[torch.arange(len(x)), -1, y[:, -1]] = 5.0
+    m = answer_metrics(logits, y, x)
+    assert m["error"] == 0.0 and m["error_decoy"] == m["error_other"] == m["error_not_a_marker"] == 0.0
+
+
+@pytest.mark.parametrize("count", [-1, 2.5, "3", True])
+def test_a_bad_count_is_refused_by_name(count):
+    with pytest.raises(ValueError, match="count"):
+        generate(count, torch.Generator(), blocks.length())
+
+
+def test_a_numpy_integer_T_is_accepted():
+    import numpy as np
+    x, _ = generate(4, torch.Generator().manual_seed(0), np.int64(blocks.length()))
+    assert x.shape == (4, blocks.length())
+
+
+@pytest.mark.parametrize("L,B", [(1, 5), (2, 2)])
+def test_a_conjunction_that_cannot_hold_is_refused(L, B):
+    with pytest.raises(ValueError, match="conjunction needs"):
+        blocks.check_options(100, 5, L, B, conjunction=True)

@@ -41,7 +41,8 @@ MAX_SEED = 2**53
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 # The bracket task's options: a Shakespeare run that changes one is refused (it would mean nothing).
 BRACKET_OPTIONS = ("num_fillers", "train_sequences", "min_fill", "max_fill", "open_probability", "deduplicate")
-BLOCK_OPTIONS = ("block_size", "query_size", "num_blocks")  # the find-the-block task's, likewise
+# the find-the-block task's, likewise
+BLOCK_OPTIONS = ("block_size", "query_size", "num_blocks", "conjunction", "answer")
 
 
 def option(default, help: str, **metadata):
@@ -66,7 +67,12 @@ class DataConfig:
     deduplicate: bool = option(False, "brackets: redraw validation and test sequences that occur in the training set")
     block_size: int = option(5, "blocks: letters per block (N)")
     query_size: int = option(2, "blocks: query letters (L), all in one block only")
-    num_blocks: int = option(10, "blocks: blocks per sequence (T must hold them: blocks.length(N, L, blocks))")
+    num_blocks: int = option(10, "blocks: blocks per sequence (T must hold them: blocks.length(N, L, blocks, "
+                                 "answer))")
+    conjunction: bool = option(False, "blocks: every query letter is also in another block, so that only the letters "
+                                      "together name the target (needs L >= 2 and 3 blocks)")
+    answer: str = option("letters", "blocks: the answer after '=': the target block's letters, or its marker (one "
+                                    "token; each block then starts with a random marker)", choices=blocks.ANSWERS)
 
 
 @dataclass
@@ -284,7 +290,7 @@ class TrainConfig:
                 raise ValueError(f"{', '.join(changed)} {'is an option' if len(changed) == 1 else 'are options'} "
                                  f"of task {task!r} only; task {d.task!r} must keep the default")
         if d.task == "blocks":
-            blocks.check_options(d.T, d.block_size, d.query_size, d.num_blocks)
+            blocks.check_options(d.T, d.block_size, d.query_size, d.num_blocks, d.conjunction, d.answer)
         _number("beta2", o.beta2, at_least=0.0)
         if o.beta2 >= 1.0:
             raise ValueError(f"beta2 must lie in [0, 1), got {o.beta2}")

@@ -93,7 +93,8 @@ class Task:
             self.val = self.data.val_windows(cfg.data.T, max_windows=cfg.data.eval_windows)
         elif cfg.data.task == "blocks":
             d = cfg.data
-            self.data = blocks.BlockData(d.T, d.block_size, d.query_size, d.num_blocks)
+            self.data = blocks.BlockData(d.T, d.block_size, d.query_size, d.num_blocks, conjunction=d.conjunction,
+                                         answer=d.answer)
             self.vocab_size = self.data.vocab_size
             self.val = self.data.val
         else:
@@ -115,10 +116,11 @@ class Task:
         """Shakespeare: loss and perplexity over all positions and at the last position only.
         Brackets: loss and accuracy of the position head over closing brackets ('accuracy'), and the
         fraction of sequences with every closing bracket right ('accuracy_sequence'). Blocks: loss, exact-match
-        error and per-letter accuracy over the answer letters (:func:`..blocks.answer_metrics`)."""
+        error and per-token accuracy over the answer (:func:`..blocks.answer_metrics`; with marker answers also the
+        error by what a wrong answer picked)."""
         x, y = self.val if split == "val" else self.data.test
         if self.cfg.data.task == "blocks":
-            return blocks.answer_metrics(torch.cat([model(xb) for xb in x.split(batch_size)]), y)
+            return blocks.answer_metrics(torch.cat([model(xb) for xb in x.split(batch_size)]), y, x)
         nll_sum = nll_last = correct = count = whole = 0.0
         for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
             out = model(xb)

@@ -1,0 +1,152 @@
+"""The conjunction study's task, settings, arms and grids (protocol.md)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ... import blocks
+from ...sweep import Grid
+
+PREFIX = "cj-"
+TASK = {"block_size": 5, "query_size": 2, "conjunction": True, "answer": "marker"}
+LAYERS, HEADS = 4, 2
+RECIPE = {"batch_size": 32, "beta2": 0.99, "weight_decay": 0.1, "grad_clip": 1.0, "min_lr_ratio": 0.1,
+          "fused_optimizer": False, "init": "gpt2"}
+WARMUP_SHARE, EVALUATIONS = 0.05, 8
+REFERENCE_LR = 1e-3
+LEARNING_RATES = (3e-4, 1e-3, 3e-3)
+NEAR_TIE = 0.01          # nats per answer token: the lr rule's tie
+SOLVED = 0.05            # the calibration's bar: the best arm's validation error at most this
+TUNING_SEED = 0
+SEEDS = (0, 1, 2)
+DECISIVE_SEEDS = (3, 4)
+MARGIN = 2.0             # points of test error: the TOST margin
+RANGE, RANK = 4, 16
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The task's number of blocks (T follows), the model width and the run length."""
+
+    num_blocks: int
+    d_model: int
+    steps: int
+
+    @property
+    def T(self) -> int:
+        return blocks.length(TASK["block_size"], TASK["query_size"], self.num_blocks, TASK["answer"])
+
+    @property
+    def name(self) -> str:
+        return f"b{self.num_blocks}-d{self.d_model}-steps{self.steps}"
+
+    @property
+    def overrides(self) -> dict:
+        return {**TASK, **RECIPE, "num_blocks": self.num_blocks, "n_layers": LAYERS, "n_heads": HEADS,
+                "d_model": self.d_model, "d_ff": 4 * self.d_model, "steps": self.steps,
+                "warmup_steps": round(WARMUP_SHARE * self.steps), "eval_interval": self.steps // EVALUATIONS}
+
+
+# the calibration's settings, in the order they are run: larger models and longer runs, then fewer blocks
+SETTINGS = tuple(Setting(b, d, steps) for b in (8, 4, 3) for d, steps in ((64, 8000), (64, 32000), (128, 32000)))
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    mode: str
+    options: tuple[tuple[str, object], ...]
+    method: str = "exact"
+
+    @property
+    def boltzmann(self) -> bool:
+        return self.mode.startswith("h")
+
+
+_ROPE = (("position", "rope"),)
+_BAND = (("coupling_range", RANGE),)
+_CONTENT = _BAND + (("coupling_rank", RANK),)
+ARMS = {a.name: a for a in (
+    Arm("softmax-rope", "softmax", _ROPE),
+    Arm("mta", "mta", _ROPE),
+    Arm("stickbreaking", "stickbreaking", (("position", "none"),)),
+    Arm("h-rope", "h", _ROPE),
+    Arm(f"relative{RANGE}", "h+J", _ROPE + (("coupling", "relative"),) + _BAND, "banded"),
+    Arm(f"keys{RANGE}", "h+J", _ROPE + (("coupling", "keys"),) + _CONTENT, "banded"),
+    Arm(f"keys{RANGE}-step", "h+J-step", _ROPE + (("coupling", "keys"),) + _CONTENT),
+    Arm(f"query{RANGE}", "h+J", _ROPE + (("coupling", "query"),) + _CONTENT, "banded"),
+)}
+CALIBRATION_ARMS = ("softmax-rope", "mta", "stickbreaking")
+SINGLE_SCORE = ("softmax-rope", "stickbreaking", "h-rope")
+CONTENT = (f"keys{RANGE}", f"query{RANGE}")
+CONTROL, STATIC = f"keys{RANGE}-step", f"relative{RANGE}"
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """The decisions made from runs (``decisions.json``; the measurements behind them: the report)."""
+
+    calibration_settings: int = 1       # how many of SETTINGS have been started, in order
+    chosen: int | None = None           # the index (from 1) of the setting that passed
+    extra_learning_rates: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    diverged: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    best_lr: dict[str, float] = field(default_factory=dict)
+    best_single: str | None = None
+    best_content: str | None = None
+
+    @property
+    def setting(self) -> Setting | None:
+        """The chosen setting, None while the calibration goes on."""
+        return None if self.chosen is None else SETTINGS[self.chosen - 1]
+
+
+def variant(arm: str, s: Setting, lr: float) -> str:
+    return f"{PREFIX}{arm}-{s.name}-lr{lr:g}"
+
+
+def grid(arm: str, s: Setting, lr: float, seeds: tuple[int, ...]) -> Grid:
+    a = ARMS[arm]
+    overrides = {**s.overrides, **dict(a.options), "lr": lr}
+    if a.boltzmann:  # the package's convention: -1/2 log T on h
+        overrides.update(field_bias_init=-0.5 * math.log(s.T), learn_field_bias=True)
+    return Grid(("blocks",), (s.T,), modes=(a.mode,), methods=(a.method,), seeds=seeds,
+                variant=variant(arm, s, lr), overrides=overrides)
+
+
+def calibration_outcome(errors: list[float | None]) -> str | None:
+    """The rule on the calibration arms' validation errors at one setting: "pass" when the best is at most
+    SOLVED, "next" when every arm has run and none is, None while a run is missing."""
+    if any(e is None for e in errors):
+        return None
+    return "pass" if min(errors) <= SOLVED else "next"
+
+
+def learning_rates(arm: str, d: Decisions) -> tuple[float, ...]:
+    return tuple(sorted(set(LEARNING_RATES) | set(d.extra_learning_rates.get(arm, ()))))
+
+
+def best_of(errors: dict[str, tuple[float, float]], among: tuple[str, ...]) -> str | None:
+    """Stage 2's pick among ``among`` from {arm: (mean validation error, mean validation loss)} over seeds 0-2."""
+    found = {a: v for a, v in errors.items() if a in among}
+    return min(found, key=found.get) if len(found) == len(among) else None
+
+
+def decisive(d: Decisions) -> tuple[str, ...]:
+    return tuple(a for a in (d.best_content, CONTROL, STATIC, d.best_single) if a)
+
+
+def conjunction_grids(field_bias: str, d: Decisions) -> list[Grid]:
+    """The calibration, then stages 1-3 as their inputs are decided. ``field_bias`` does not apply: every
+    Boltzmann arm starts its field bias at -1/2 log T (protocol.md)."""
+    started = SETTINGS[:d.calibration_settings if d.chosen is None else d.chosen]
+    grids = [grid(arm, s, REFERENCE_LR, (TUNING_SEED,)) for s in started for arm in CALIBRATION_ARMS]
+    s = d.setting
+    if s is None:
+        return grids
+    grids += [grid(arm, s, lr, (TUNING_SEED,)) for arm in ARMS for lr in learning_rates(arm, d)
+              if lr not in d.diverged.get(arm, ()) and not (arm in CALIBRATION_ARMS and lr == REFERENCE_LR)]
+    grids += [grid(arm, s, d.best_lr[arm], tuple(x for x in SEEDS if x != TUNING_SEED)) for arm in ARMS
+              if arm in d.best_lr]
+    grids += [grid(arm, s, d.best_lr[arm], DECISIVE_SEEDS) for arm in decisive(d) if arm in d.best_lr]
+    return grids

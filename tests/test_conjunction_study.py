@@ -1,0 +1,52 @@
+"""The conjunction study: its premise (no single letter names the block) measured on every setting it may run,
+its calibration rule and its grids as protocol.md states them."""
+
+import math
+
+import pytest
+
+from boltzmann_attention.experiments import blocks
+from boltzmann_attention.experiments.studies.conjunction import grids
+from boltzmann_attention.experiments.studies.conjunction.grids import (
+    CALIBRATION_ARMS,
+    SETTINGS,
+    Decisions,
+    calibration_outcome,
+    conjunction_grids,
+)
+from boltzmann_attention.experiments.studies.conjunction.report import premise
+
+
+@pytest.mark.parametrize("num_blocks", sorted({s.num_blocks for s in SETTINGS}))
+def test_every_setting_needs_both_letters_in_every_validation_and_test_sequence(num_blocks):
+    s = next(s for s in SETTINGS if s.num_blocks == num_blocks)
+    assert premise(s) == 1.0
+
+
+def test_the_settings_grow_the_budget_then_shrink_the_blocks():
+    assert [(s.num_blocks, s.d_model, s.steps) for s in SETTINGS[:3]] == [(8, 64, 8000), (8, 64, 32000),
+                                                                       (8, 128, 32000)]
+    assert [s.num_blocks for s in SETTINGS] == [8] * 3 + [4] * 3 + [3] * 3
+    assert [s.T for s in SETTINGS[::3]] == [52, 28, 22]
+
+
+def test_the_calibration_rule():
+    assert calibration_outcome([0.5, None, 0.2]) is None
+    assert calibration_outcome([0.5, 0.05, 0.9]) == "pass"
+    assert calibration_outcome([0.5, 0.0501, 0.9]) == "next"
+
+
+def test_the_calibration_runs_only_the_settings_started_then_every_arm():
+    first = conjunction_grids("", Decisions())
+    assert [g.variant for g in first] == [f"cj-{a}-b8-d64-steps8000-lr0.001" for a in CALIBRATION_ARMS]
+    cfg = first[0].runs()[0][1]
+    assert (cfg.data.conjunction, cfg.data.answer, cfg.data.num_blocks, cfg.data.T) == (True, "marker", 8, 52)
+    assert (cfg.optim.warmup_steps, cfg.measure.eval_interval) == (400, 1000)
+    two = conjunction_grids("", Decisions(calibration_settings=2))
+    assert len(two) == 6 and two[-1].variant.startswith("cj-stickbreaking-b8-d64-steps32000")
+
+
+def test_the_boltzmann_arms_start_at_the_packages_field_bias():
+    g = grids.grid("h-rope", SETTINGS[0], 1e-3, (0,))
+    cfg = g.runs()[0][1]
+    assert cfg.attention.field_bias_init == pytest.approx(-0.5 * math.log(blocks.length(5, 2, 8, "marker")))
