@@ -88,7 +88,7 @@ def test_coupling_range_default_and_refusals():
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="coupling_range must be an integer >= 0"):
             BoltzmannAttention(8, 2, max_len=6, coupling="relative", coupling_range=bad)
-    with pytest.raises(ValueError, match="coupling_range applies to coupling='relative' only"):
+    with pytest.raises(ValueError, match="coupling_range applies to coupling='relative', 'keys' or 'query' only"):
         BoltzmannAttention(8, 2, max_len=6, coupling_range=3)
 
 

@@ -297,7 +297,8 @@ def test_threads_are_set_for_the_run_and_restored():
     (dict(coupling="window", coupling_window=4, mode="h+J+K"), "no three-body terms"),
     (dict(coupling="window", coupling_window=25, T=64), "coupling_window 25 is too large .* W <= 24"),
     (dict(coupling="window", coupling_window=9, method_options={"max_spins": 8}), r"W <= 8 \(option max_spins\)"),
-    (dict(coupling_range=3), r"coupling_range applies to coupling='relative' only \(got coupling='full'\)"),
+    (dict(coupling_range=3), r"coupling_range applies to coupling='relative', 'keys' or 'query' only \(got "
+                             r"coupling='full'\)"),
     (dict(coupling="relative", coupling_range=-1), "coupling_range must be an integer >= 0"),
     (dict(coupling="relative", method="banded", T=20), r"range w = 19 \(T - 1, the default\).*max_bandwidth 16"),
     (dict(coupling="relative", method="banded", T=64, coupling_range=9, method_options={"max_bandwidth": 8}),

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from . import coupled_window, ising, modes, recency
-from .couplings import FullCouplings, RelativeCouplings, ThreeBodyCouplings, WindowCouplings
+from .couplings import ContentCouplings, FullCouplings, RelativeCouplings, ThreeBodyCouplings, WindowCouplings
 from .mta import KeyQueryKernel, multi_token_attention
 from .positions import SlotBias, alibi_bias, alibi_slopes, rotary
 from .validation import (
@@ -242,8 +242,8 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
             m = solve(field.expand(torch.broadcast_shapes(field.shape, (1, 1, L, S))),
                       ising.toeplitz.Toeplitz(couplings.profile[:, None]), spins_mask, tap=method == "tap",
                       **method_options)[0]
-        else:  # (H, 1, S, S) against (B, H, L)
-            J = couplings.unsqueeze(1) if couplings is not None else None
+        else:  # (H, 1, S, S) against (B, H, L); content couplings come as (B, H, 1 or L, S, S)
+            J = couplings.unsqueeze(1) if couplings is not None and couplings.dim() == 3 else couplings
             K = three_body.unsqueeze(1) if three_body is not None else None
             m = ising._marginals(field, J, K, spins_mask, method, method_options, check_inputs_=not built_couplings,
                                  mask_key=mask_key)
@@ -299,7 +299,8 @@ class BoltzmannAttention(nn.Module):
                  field_bias_init: float | None = None, learn_field_bias: bool = True,
                  bias: bool = True, method_options: dict | None = None, coupling_window: int | None = None,
                  coupling_window_relative: bool = False, position: str | None = None, slot_bias: int | None = None,
-                 slot_bias_parametrization: str = "direct", mta_kernel_queries: int = 2, mta_kernel_keys: int = 9):
+                 slot_bias_parametrization: str = "direct", mta_kernel_queries: int = 2, mta_kernel_keys: int = 9,
+                 coupling_rank: int = 16):
         super().__init__()
         check_layer_sizes(embed_dim, num_heads, max_len, coupling_init_std, field_bias_init)
         check_layer_options(mode, method, method_options, causal=causal, head_dim=embed_dim // num_heads,
@@ -308,7 +309,8 @@ class BoltzmannAttention(nn.Module):
                             position=position, slot_bias=slot_bias,
                             slot_bias_parametrization=slot_bias_parametrization, coupling_init_std=coupling_init_std,
                             field_bias_init=field_bias_init, learn_field_bias=learn_field_bias, bias=bias,
-                            mta_kernel_queries=mta_kernel_queries, mta_kernel_keys=mta_kernel_keys)
+                            mta_kernel_queries=mta_kernel_queries, mta_kernel_keys=mta_kernel_keys,
+                            coupling_rank=coupling_rank)
         record = modes.RECORDS[mode]
         uses_field, uses_J, uses_K = record.field, record.couplings, record.three_body
         if coupling_range is None:
@@ -318,7 +320,7 @@ class BoltzmannAttention(nn.Module):
         solver = ising.resolve_method(method)
         self._toeplitz = solver.toeplitz  # relative J goes to the solver as its profile
         self.method_options = dict(method_options or {})
-        if "bandwidth" in solver.options and coupling == "relative" and uses_J:  # J_jk = 0 beyond the range
+        if "bandwidth" in solver.options and coupling in ("relative", "keys", "query") and uses_J:  # 0 beyond
             self.method_options.setdefault("bandwidth", coupling_range)
         self.query = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
         self.key = nn.Linear(embed_dim, embed_dim, bias=bias) if uses_field else None
@@ -332,6 +334,9 @@ class BoltzmannAttention(nn.Module):
                                              coupling_init_std)
         elif uses_J and coupling == "full":
             self.couplings = FullCouplings(num_heads, max_len, coupling_init_std)
+        elif uses_J and coupling in ("keys", "query"):
+            self.couplings = ContentCouplings(num_heads, embed_dim // num_heads, coupling_rank, coupling_range,
+                                              coupling == "query", coupling_init_std)
         elif uses_J:
             self.couplings = RelativeCouplings(num_heads, coupling_range, coupling_init_std)
         self.three_body = ThreeBodyCouplings(num_heads, max_len, coupling_init_std) if uses_K else None
@@ -369,7 +374,8 @@ class BoltzmannAttention(nn.Module):
     def _check_cache(self, cache: dict, x: Tensor) -> None:
         """ValueError unless ``cache`` is this layer's, from earlier calls with x's batch size and device."""
         expected = {"owner", "key", "value"} | ({"log_forget"} if self.mode == "fox" else set()) \
-            | ({"query"} if self.kernel is not None else set())
+            | ({"query"} if self.kernel is not None else set()) \
+            | ({"content_key"} if isinstance(self.couplings, ContentCouplings) else set())
         owner = cache.get("owner")
         if not isinstance(owner, weakref.ref) or owner() is not self:
             raise ValueError("cache holds another layer's keys (or was filled by hand): give each layer its own dict, "
@@ -413,6 +419,7 @@ class BoltzmannAttention(nn.Module):
             q, k = self._heads(self.query(x)), self._heads(self.key(x))
         else:  # mode J: no field from the input; q and k only carry the shapes
             q = k = v.new_zeros(B, self.num_heads, L, 1)
+        content_q, content_k = q, k  # before the rotary embedding: what content couplings read
         if self.position == "rope":
             positions = torch.arange(past, S, device=x.device)
             q, k = rotary(q, positions), rotary(k, positions)
@@ -426,6 +433,10 @@ class BoltzmannAttention(nn.Module):
                     log_forget = torch.cat([cache["log_forget"], log_forget], dim=-1)
                 if self.kernel is not None:
                     rows = torch.cat([cache["query"], q], dim=-2)
+            if isinstance(self.couplings, ContentCouplings):
+                if past:
+                    content_k = torch.cat([cache["content_key"], content_k], dim=-2)
+                extra["content_key"] = content_k
             if log_forget is not None:
                 extra["log_forget"] = log_forget
             if self.kernel is not None:
@@ -458,6 +469,8 @@ class BoltzmannAttention(nn.Module):
         couplings = None
         if isinstance(self.couplings, RelativeCouplings) and self._toeplitz and x.device.type != "meta":
             couplings = ising.toeplitz.Toeplitz(self.couplings.weight)  # f(1) .. f(range), (H, range)
+        elif isinstance(self.couplings, ContentCouplings):
+            couplings = self.couplings(content_k, content_q)
         elif self.couplings is not None:
             couplings = self.couplings(S)
         bias = self.field_bias.view(-1, 1, 1) if self.field_bias is not None else 0.0

@@ -9,7 +9,10 @@ meta initialisation), and its parameters also carry the ``_no_weight_decay`` mar
 - ``FullCouplings``: a free J_jk per key pair and head, (H, S, S), lengths up to ``max_len``;
 - ``RelativeCouplings``: J_jk = f(|j - k|), f = 0 beyond ``max_distance``, any length (J is banded);
 - ``WindowCouplings``: the coupled window's slot-indexed J (H, W, W), any length;
-- ``ThreeBodyCouplings``: a free K_jkl per key triple and head, symmetrised, (H, S, S, S).
+- ``ThreeBodyCouplings``: a free K_jkl per key triple and head, symmetrised, (H, S, S, S);
+- ``ContentCouplings``: couplings computed from each call's keys (and queries), banded: key-conditioned
+  (B, H, 1, S, S), shared by the queries of a sequence, or query-conditioned (B, H, L, S, S). Its
+  ``forward(key, query)`` takes the head's keys (and queries) instead of a length.
 
 All return symmetric couplings with a zero diagonal (K: zero where two indices coincide), the package's
 convention.
@@ -26,7 +29,7 @@ from torch import Tensor, nn
 
 from .validation import check_int, check_sizes
 
-__all__ = ["FullCouplings", "RelativeCouplings", "ThreeBodyCouplings", "WindowCouplings"]
+__all__ = ["ContentCouplings", "FullCouplings", "RelativeCouplings", "ThreeBodyCouplings", "WindowCouplings"]
 
 
 class FullCouplings(nn.Module):
@@ -151,3 +154,62 @@ def _slot_distance(window: int, device: torch.device) -> Tensor:
     """(W, W): |a - b|."""
     slot = torch.arange(window, device=device)
     return (slot[:, None] - slot[None, :]).abs()
+
+
+class ContentCouplings(nn.Module):
+    """Couplings that depend on content, from rank-r projections of each head's keys, zero beyond
+    ``max_distance``:
+
+    - key-conditioned (``query_conditioned=False``): J_jk = (a_j . b_k + a_k . b_j) / (2 sqrt r), a = k A,
+      b = k B; one J per sequence and head, shared by its queries: (B, H, 1, S, S). Exact by the banded
+      transfer matrix, since J varies along the chain but not with the query.
+    - query-conditioned: J_jk(i) = sum_r u_ir (a_jr b_kr + a_kr b_jr) / (2 sqrt r), u = q_i U, a trilinear
+      score of the query against a pair of keys (the Ising counterpart of 2-simplicial attention): (B, H, L, S, S).
+
+    A, U (H, head_dim, r) start as N(0, 1 / head_dim); B starts at ``init_std`` times a normal draw, zero by
+    default, so J = 0 and the layer starts as sigmoid attention. The keys (and queries) are the head's
+    projections before any rotary embedding: the couplings read content, the range alone reads position.
+    J is dense over the band's (S, S) per query row (query-conditioned: B H L S^2 entries), meant for the
+    lengths of a banded method.
+    """
+
+    no_weight_decay = True  # read by parameter_groups
+
+    def __init__(self, num_heads: int, head_dim: int, rank: int, max_distance: int, query_conditioned: bool = False,
+                 init_std: float = 0.0):
+        super().__init__()
+        check_sizes(num_heads=num_heads, head_dim=head_dim, rank=rank, init_std=init_std)
+        self.max_distance = check_int("max_distance", max_distance, 0)
+        self.rank, self.query_conditioned = rank, query_conditioned
+        scale = head_dim ** -0.5
+        self.left = nn.Parameter(torch.randn(num_heads, head_dim, rank) * scale)
+        self.right = nn.Parameter(torch.randn(num_heads, head_dim, rank) * init_std)
+        self.query_weight = nn.Parameter(torch.randn(num_heads, head_dim, rank) * scale) if query_conditioned \
+            else None
+        for p in self.parameters():
+            p._no_weight_decay = True
+
+    def forward(self, key: Tensor, query: Tensor | None = None) -> Tensor:
+        """key (B, H, S, E), query (B, H, L, E) (query-conditioned only) -> J (B, H, 1 or L, S, S), symmetric,
+        zero on the diagonal and beyond ``max_distance``."""
+        a = torch.einsum("bhse,her->bhsr", key, self.left.to(key.dtype))
+        b = torch.einsum("bhse,her->bhsr", key, self.right.to(key.dtype))
+        if self.query_conditioned:
+            if query is None:
+                raise ValueError("query-conditioned couplings need the queries")
+            u = torch.einsum("bhle,her->bhlr", query, self.query_weight.to(key.dtype))
+            J = torch.einsum("bhlr,bhjr,bhkr->bhljk", u, a, b)
+        else:
+            J = (a @ b.transpose(-1, -2)).unsqueeze(2)
+        S = key.shape[-2]
+        return (J + J.transpose(-1, -2)) * (_band_mask(S, self.max_distance, key).mul(0.5 / self.rank ** 0.5))
+
+    def extra_repr(self) -> str:
+        kind = "query" if self.query_conditioned else "keys"
+        return f"{kind}, rank={self.rank}, max_distance={self.max_distance}"
+
+
+def _band_mask(S: int, width: int, like: Tensor) -> Tensor:
+    """(S, S) of like's dtype and device: 1 where 0 < |j - k| <= width, else 0."""
+    d = (torch.arange(S, device=like.device)[:, None] - torch.arange(S, device=like.device)).abs()
+    return ((d > 0) & (d <= width)).to(like.dtype)

@@ -71,6 +71,8 @@ def _one_step(field: torch.Tensor, couplings: torch.Tensor, mask: torch.Tensor |
     """sigmoid(2 (h_j + sum_k J_jk m0_k)), m0 = tanh(h) on the present keys: one mean-field step from the free
     spins, which mixes neighbouring scores through J and solves no Ising system."""
     m0 = torch.tanh(field) if mask is None else torch.tanh(field) * mask
+    if couplings.dim() == 5:  # per sequence and query row, (B, H, 1 or L, S, S): couplings from content
+        return torch.sigmoid(2 * (field + (m0.unsqueeze(-2) @ couplings).squeeze(-2)))
     return torch.sigmoid(2 * (field + m0 @ couplings))  # (..., H, L, S) @ (H, S, S); J symmetric
 
 
@@ -130,6 +132,7 @@ USED_BY = {
     "coupling_range": (None, lambda m: m.couplings),
     "coupling_window": (None, lambda m: m.couplings),
     "coupling_window_relative": (False, lambda m: m.couplings),
+    "coupling_rank": (16, lambda m: m.couplings),
     "coupling_init_std": (0.0, lambda m: m.couplings or m.three_body),
     "field_bias_init": (None, lambda m: m.field_bias),
     "learn_field_bias": (True, lambda m: m.field_bias),

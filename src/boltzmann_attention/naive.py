@@ -44,7 +44,8 @@ def naive_boltzmann_attention(query: Tensor, key: Tensor, value: Tensor, couplin
     """Output (B, H, L, Ev) and weights (B, H, L, S), in float64, by enumeration of every query's states.
 
     query (B, H, L, E), key (B, H, S, E), value (B, H, S, Ev); couplings (H or 1, S, S), or (H or 1, W, W)
-    with ``coupling_window=W``; three_body (H or 1, S, S, S); attn_mask bool, broadcastable to (B, H, L, S),
+    with ``coupling_window=W``, or per sequence and query row (B or 1, H or 1, L or 1, S, S) (couplings that
+    depend on content); three_body (H or 1, S, S, S); attn_mask bool, broadcastable to (B, H, L, S),
     True where the key takes part, a float tensor (additive, -inf absent) or a CausalBias; bias a float or a
     tensor broadcastable to (B, H, L, S). Mode 'J' (a field of the bias alone) is a zero query.
     """
@@ -74,7 +75,7 @@ def naive_boltzmann_attention(query: Tensor, key: Tensor, value: Tensor, couplin
     for b, head, r in itertools.product(range(B), range(H), range(L)):
         i = r + offset  # the query's position
         keys = present[b, head, r].nonzero().flatten().tolist()
-        J = None if couplings is None else couplings[head if couplings.shape[0] > 1 else 0].double()
+        J = None if couplings is None else _pick(couplings, b, head, r).double()
         K = None if three_body is None else three_body[head if three_body.shape[0] > 1 else 0].double()
         if coupling_window is not None:  # keys before the window are independent: sigmoid(2h)
             for j in keys:
@@ -90,6 +91,13 @@ def naive_boltzmann_attention(query: Tensor, key: Tensor, value: Tensor, couplin
         m = _magnetisations(field[b, head, r, keys], J, K)
         weights[b, head, r, keys] = (m + 1) / 2
     return weights @ value.double(), weights
+
+
+def _pick(x: Tensor, b: int, head: int, r: int) -> Tensor:
+    """The (S, S) couplings of batch item b, head and query row r: x is (H or 1, S, S) or (B or 1, H or 1, L or 1,
+    S, S)."""
+    index = (head,) if x.dim() == 3 else (b, head, r)
+    return x[tuple(i if size > 1 else 0 for i, size in zip(index, x.shape))]
 
 
 def _magnetisations(h: Tensor, J: Tensor | None, K: Tensor | None) -> Tensor:

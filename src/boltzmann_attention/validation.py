@@ -38,7 +38,8 @@ __all__ = ["MODES", "RECENCY_MODES", "LAYER_MODES", "POSITIONS", "COUPLINGS", "W
 
 POSITIONS = ("rope", "alibi")  # the module's relative position schemes (boltzmann_attention.positions)
 SLOT_BIAS_PARAMETRIZATIONS = ("direct", "pairs")  # positions.SlotBias: a scalar per slot, or plus a pair table's field
-COUPLINGS = ("full", "relative", "window")
+COUPLINGS = ("full", "relative", "window", "keys", "query")
+CONTENT_COUPLINGS = ("keys", "query")  # computed from each call's keys (and queries): the module's only
 
 
 def mode_terms(mode: str) -> tuple[bool, bool, bool]:
@@ -85,11 +86,11 @@ def check_options(mode: str, method, method_options: dict | None, *, causal: boo
         raise ValueError(f"method_options must be a dict or None, got {type(method_options).__name__}")
     options = method_options or {}
     if not isinstance(coupling, str) or coupling not in COUPLINGS:
-        raise ValueError(f"unknown coupling {coupling!r}; choose 'full', 'relative' or 'window'")
+        raise ValueError(f"unknown coupling {coupling!r}; choose one of {COUPLINGS}")
     if coupling_range is not None:
-        if coupling != "relative":
-            raise ValueError(f"coupling_range applies to coupling='relative' only (got coupling={coupling!r}); "
-                             "'full' couples every pair up to max_len")
+        if coupling not in ("relative",) + CONTENT_COUPLINGS:
+            raise ValueError(f"coupling_range applies to coupling='relative', 'keys' or 'query' only (got "
+                             f"coupling={coupling!r}); 'full' couples every pair up to max_len")
         check_int("coupling_range", coupling_range, 0)  # 0: no couplings, honoured (not replaced by a default)
     _check_bool("coupling_window_relative", coupling_window_relative)
     if (coupling == "window") != (coupling_window is not None):
@@ -223,7 +224,8 @@ def check_layer_options(mode: str, method, method_options: dict | None, *, causa
                         position: str | None = None, slot_bias: int | None = None,
                         slot_bias_parametrization: str = "direct", coupling_init_std: float = 0.0,
                         field_bias_init: float | None = None, learn_field_bias: bool = True,
-                        bias: bool = True, mta_kernel_queries: int = 2, mta_kernel_keys: int = 9) -> None:
+                        bias: bool = True, mta_kernel_queries: int = 2, mta_kernel_keys: int = 9,
+                        coupling_rank: int = 16) -> None:
     """:func:`check_options` for the module, which also takes the module-only modes (the recency modes 'fox' and
     'stickbreaking', and 'mta' with its kernel of ``mta_kernel_queries`` x ``mta_kernel_keys``: softmax variants
     without couplings or marginals), a position scheme (None, 'rope' or 'alibi'), ``slot_bias`` (None
@@ -238,7 +240,15 @@ def check_layer_options(mode: str, method, method_options: dict | None, *, causa
                    coupling_range=coupling_range, coupling_window=coupling_window,
                    coupling_window_relative=coupling_window_relative, coupling_init_std=coupling_init_std,
                    field_bias_init=field_bias_init, learn_field_bias=learn_field_bias,
-                   mta_kernel_queries=mta_kernel_queries, mta_kernel_keys=mta_kernel_keys)
+                   mta_kernel_queries=mta_kernel_queries, mta_kernel_keys=mta_kernel_keys, coupling_rank=coupling_rank)
+    check_int("coupling_rank", coupling_rank, 1)
+    if coupling in CONTENT_COUPLINGS:
+        if not record.field or record.three_body:
+            raise ValueError(f"coupling={coupling!r} computes J from the keys and queries: it needs mode 'h+J' or "
+                             f"'h+J-step', got {mode!r}")
+    elif coupling_rank != 16:
+        raise ValueError(f"coupling_rank applies to coupling='keys' or 'query' only, got coupling={coupling!r}: keep "
+                         "it at 16 (a value there would be ignored)")
     if record.recency and not causal:
         raise ValueError(f"mode {mode!r} is causal only (a learned recency over the keys before the query)")
     if record.convolution:

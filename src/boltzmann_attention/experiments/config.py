@@ -33,7 +33,7 @@ from . import blocks
 from . import data as datasets
 
 TASKS = ("shakespeare", "brackets", "blocks")
-COUPLINGS = ("full", "relative", "window")
+COUPLINGS = ("full", "relative", "window", "keys", "query")
 POSITIONS = ("learned", "rope", "alibi", "none")
 LAYER_POSITION = {"learned": None, "rope": "rope", "alibi": "alibi", "none": None}  # the layer's option
 INITS = ("torch", "gpt2")
@@ -98,9 +98,12 @@ class AttentionConfig:
     method: str = option("exact", "how the marginals are computed (see the README's methods table)")
     method_options: dict = option({}, "JSON object of options for the marginal method, e.g. '{\"bandwidth\": 4}'")
     coupling: str = option("full", "full: a free J for every pair of positions; relative: J = f(|j - k|); window: "
-                                   "J between the last coupling_window keys of each query, by slot (any T)",
+                                   "J between the last coupling_window keys of each query, by slot (any T); keys: "
+                                   "J_jk from rank-r projections of keys j and k; query: J_jk(i), trilinear in "
+                                   "query i and keys j, k (keys and query: zero beyond coupling_range)",
                            choices=COUPLINGS)
-    coupling_range: int | None = option(None, "relative: J = 0 beyond this distance (none: T - 1)")
+    coupling_range: int | None = option(None, "relative, keys, query: J = 0 beyond this distance (none: T - 1)")
+    coupling_rank: int = option(16, "keys, query: the rank r of the projections the couplings are computed from")
     coupling_window: int | None = option(None, "window: the number W of coupled keys of each query")
     coupling_window_relative: bool = option(False, "window: J_ab = f(|a - b|) instead of a free (W, W) matrix")
     coupling_init_std: float = option(0.0, "standard deviation of J at initialisation (0: J starts at zero)")
@@ -310,7 +313,7 @@ class TrainConfig:
                              f"coupling='window' (exact at any T), coupling='relative' with method "
                              f"{_with('max_bandwidth')} (exact), or method {_with('approximate')} (any T)")
         most = method.bandwidth_limit(a.method_options)
-        if a.coupling == "relative" and most is not None and record.couplings:
+        if a.coupling in ("relative", "keys", "query") and most is not None and record.couplings:
             width = T - 1 if a.coupling_range is None else a.coupling_range
             if width > most:
                 raise ValueError(f"method {a.method!r} runs a chain of 2^w states for coupling range w = {width}"

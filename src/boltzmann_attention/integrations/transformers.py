@@ -340,6 +340,9 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
                              "be ignored: drop them, or use mode 'h+J'")
     opts = with_defaults(options)
     coupling = opts["coupling"]
+    if coupling in ("keys", "query"):
+        raise ValueError(f"coupling={coupling!r} (couplings computed from the keys) is offered by BoltzmannAttention "
+                         "only; convert() takes 'window', 'relative' or 'full'")
     if modes.RECORDS[mode].marginals and coupling in ("full", "relative"):  # a method solves them: its limits
         record = ising.resolve_method(method)
         limit, most = record.spin_limit(method_options), record.bandwidth_limit(method_options)

@@ -19,6 +19,7 @@ method         what                                                    limit
 ``exact``      split enumeration, Z = u^T T v as GEMMs (``split``)      n <= 24 (option)
 ``reference``  brute-force enumeration in float64 (the test oracle)    n <= 20
 ``banded``     transfer matrix for J_jk = 0 when |j-k| > w            any n, 2^w states
+``chain``      the same, log domain, a J per query (content couplings)  any n, 2^w states
 ``meanfield``  naive mean field, damped fixed point, implicit grads    any n, approximate
 ``tap``        mean field with the TAP (Onsager) correction            any n, approximate
 ``gibbs``      Gibbs sampling (sequential heat bath), batched           any n, stochastic
@@ -46,7 +47,7 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
-from . import annealing, banded, exact, mcmc, meanfield, opaque, reference, sqa, toeplitz, window  # noqa: F401
+from . import annealing, banded, chain, exact, mcmc, meanfield, opaque, reference, sqa, toeplitz, window  # noqa: F401
 from ._inputs import check_inputs, empty_result, is_empty
 from .dimod_adapter import DimodSampler
 from .methods import REGISTRY, Method, resolve_method

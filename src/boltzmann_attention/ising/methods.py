@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from . import annealing, banded, exact, mcmc, meanfield, reference, sqa
+from . import annealing, banded, chain, exact, mcmc, meanfield, reference, sqa
 from .dimod_adapter import DimodSampler
 from .record import KINDS, Method, keyword_options
 
 REGISTRY = MappingProxyType({m.name: m for m in (
-    exact.METHOD, reference.METHOD, banded.METHOD, *meanfield.METHODS, *mcmc.METHODS, annealing.METHOD, sqa.METHOD,
+    exact.METHOD, reference.METHOD, banded.METHOD, chain.METHOD, *meanfield.METHODS, *mcmc.METHODS, annealing.METHOD,
+    sqa.METHOD,
 )})
 
 

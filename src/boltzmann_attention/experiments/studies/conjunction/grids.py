@@ -73,9 +73,9 @@ ARMS = {a.name: a for a in (
     Arm("stickbreaking", "stickbreaking", (("position", "none"),)),
     Arm("h-rope", "h", _ROPE),
     Arm(f"relative{RANGE}", "h+J", _ROPE + (("coupling", "relative"),) + _BAND, "banded"),
-    Arm(f"keys{RANGE}", "h+J", _ROPE + (("coupling", "keys"),) + _CONTENT, "banded"),
+    Arm(f"keys{RANGE}", "h+J", _ROPE + (("coupling", "keys"),) + _CONTENT, "chain"),
     Arm(f"keys{RANGE}-step", "h+J-step", _ROPE + (("coupling", "keys"),) + _CONTENT),
-    Arm(f"query{RANGE}", "h+J", _ROPE + (("coupling", "query"),) + _CONTENT, "banded"),
+    Arm(f"query{RANGE}", "h+J", _ROPE + (("coupling", "query"),) + _CONTENT, "chain"),
 )}
 CALIBRATION_ARMS = ("softmax-rope", "mta", "stickbreaking")
 SINGLE_SCORE = ("softmax-rope", "stickbreaking", "h-rope")

@@ -1,0 +1,178 @@
+"""Method ``chain``: exact marginals and log Z for banded couplings that may differ for every query.
+
+J_jk = 0 for |j - k| > w, and J may carry any batch shape, so each query (each entry of h's batch) can have
+couplings of its own: couplings computed from content (``couplings.ContentCouplings``). The chain's state is
+its last w spins (2^w states); spins are added one at a time in the log domain, for all queries at once:
+
+    log alpha_p(s_p, r) = logsumexp_o [log alpha_{p-1}(r, o) + s_p (h_p + sum_{d=1..w} J_{p-d,p} s_{p-d})],
+
+with r = (s_{p-1}, ..., s_{p-w+1}) and o = s_{p-w}, and the same recursion backwards for beta. The marginal of
+s_p is tanh((L+ - L-) / 2), L+- the log weight of s_p = +-1 from alpha_{p-1}, the step and beta_p. Every step is
+a few batched tensor operations, and the gradients are autograd's through the recursion (no custom backward):
+O(n 2^(w+1)) work and O(n 2^w) memory per query, in n sequential steps.
+
+Method ``banded`` solves the same systems with GEMMs over blocks of spins and shares its tables between the
+queries that share J, so it is the faster of the two for couplings shared by many queries (a static J); for a
+J per query its per-group work dominates, and this method is the one to use.
+
+Absent spins (mask False) are free spins with field 0 and no couplings: each adds log 2 to the recursion's
+log Z, which is taken off, and has marginal 0. Absent spins before the last present one are allowed.
+
+Options: ``bandwidth`` (w; inferred from J's nonzero entries when None, which reads J on the host and is
+refused when J is trained), ``max_bandwidth`` (default 12). A J with a nonzero coupling beyond ``bandwidth``
+is refused (on the host, or by an asynchronous assert where checks do not read the host, :mod:`.checks`).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import checks
+from ._inputs import check_int
+from .record import Method, keyword_options, with_defaults
+
+__all__ = ["marginals", "log_partition"]
+
+MAX_BANDWIDTH = 12
+
+
+def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
+              bandwidth: int | None = None, max_bandwidth: int = MAX_BANDWIDTH) -> Tensor:
+    """<s_j>, shaped like the broadcast of h with J's batch shape and mask (..., n); 0 for absent spins."""
+    return _solve(h, J, K, mask, bandwidth, max_bandwidth, marginals=True)
+
+
+def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
+                  bandwidth: int | None = None, max_bandwidth: int = MAX_BANDWIDTH) -> Tensor:
+    """log Z of the present spins, shaped like the broadcast batch shape."""
+    return _solve(h, J, K, mask, bandwidth, max_bandwidth, marginals=False)
+
+
+def _solve(h, J, K, mask, bandwidth, max_bandwidth, *, marginals: bool):
+    if K is not None:
+        raise ValueError("method 'chain' supports pairwise couplings only (K must be None); use method='exact' for "
+                         "three-body couplings")
+    n = h.shape[-1]
+    w = _bandwidth(J, n, bandwidth, max_bandwidth)
+    shape = torch.broadcast_shapes(h.shape[:-1], J.shape[:-2] if J is not None else (),
+                                   mask.shape[:-1] if mask is not None else ())
+    dtype = torch.promote_types(h.dtype, torch.float32)
+    present = None if mask is None else mask.expand(*shape, n)
+    field = h.to(dtype).expand(*shape, n)
+    if present is not None:
+        field = field * present
+    if w == 0 or n == 0:
+        m = torch.tanh(field)
+        logz = torch.logaddexp(field, -field)
+        logz = (logz if present is None else logz * present).sum(-1)
+        return (m if present is None else m * present) if marginals else logz
+    band = _band(J.to(dtype), w)  # (..., n, w): band[..., p, d - 1] = J_{p-d, p}
+    if present is not None:  # no coupling touches an absent spin
+        back = F.pad(present, (w, 0))
+        band = band * torch.stack([back[..., w - d:w - d + n] for d in range(1, w + 1)], -1) * present[..., None]
+    band = band.expand(*shape, n, w)
+    m, logz = _recursion(field.reshape(-1, n), band.reshape(-1, n, w), w, marginals)
+    if not marginals:
+        logz = logz.reshape(shape) - math.log(2.0) * w  # the w virtual spins the chain starts from
+        return logz if present is None else logz - math.log(2.0) * (~present).sum(-1).to(logz.dtype)
+    m = m.reshape(*shape, n)
+    return m if present is None else m * present
+
+
+def _recursion(field: Tensor, band: Tensor, w: int, marginals: bool) -> tuple[Tensor | None, Tensor]:
+    """field (Q, n), band (Q, n, w) -> (marginals (Q, n) or None, log Z (Q,) including 2^w virtual states)."""
+    Q, n = field.shape
+    signs = _signs(w, field.dtype, field.device)                # (2^w, w): column d - 1 holds s_{p-d}
+    local = field[..., None] + band @ signs.T                     # (Q, n, 2^w): field on s_p given the state
+    half = 1 << (w - 1)
+    alpha = [field.new_zeros(Q, 1 << w)]                          # the virtual start: every state, weight 1
+    for p in range(n):
+        a = alpha[-1]
+        plus = torch.logsumexp((a + local[:, p]).view(Q, half, 2), -1)
+        minus = torch.logsumexp((a - local[:, p]).view(Q, half, 2), -1)
+        alpha.append(torch.cat([minus, plus], -1))               # new state: s_p is its leading bit
+    logz = torch.logsumexp(alpha[-1], -1)
+    if not marginals:
+        return None, logz
+    up, down = _next_states(w, field.device)
+    beta = field.new_zeros(Q, 1 << w)
+    m = [None] * n
+    for p in range(n - 1, -1, -1):
+        a, l = alpha[p], local[:, p]
+        plus = a + l + beta[:, up]
+        minus = a - l + beta[:, down]
+        m[p] = torch.tanh((torch.logsumexp(plus, -1) - torch.logsumexp(minus, -1)) / 2)
+        beta = torch.logaddexp(l + beta[:, up], -l + beta[:, down])
+    return torch.stack(m, -1), logz
+
+
+@cache
+def _signs_cpu(w: int, dtype: torch.dtype) -> Tensor:
+    x = torch.arange(1 << w)[:, None]
+    shift = torch.arange(w - 1, -1, -1)  # d = 1 is the leading bit
+    return (((x >> shift) & 1) * 2 - 1).to(dtype)
+
+
+def _signs(w: int, dtype: torch.dtype, device) -> Tensor:
+    return _signs_cpu(w, dtype).to(device)
+
+
+def _next_states(w: int, device) -> tuple[Tensor, Tensor]:
+    """For each state x = (s_{p-1}, ..., s_{p-w}): the state after adding s_p = +1 and s_p = -1."""
+    x = torch.arange(1 << w, device=device)
+    r = x >> 1
+    return r + (1 << (w - 1)), r
+
+
+def _band(J: Tensor, w: int) -> Tensor:
+    """(..., n, w): entry [p, d - 1] = J_{p-d, p}, 0 where p - d < 0."""
+    n = J.shape[-1]
+    return torch.stack([F.pad(J.diagonal(d, -2, -1), (d, 0)) if d < n else J.new_zeros(*J.shape[:-2], n)
+                        for d in range(1, w + 1)], -1)
+
+
+def _bandwidth(J: Tensor | None, n: int, bandwidth: int | None, max_bandwidth: int) -> int:
+    """The w to run with, after checking the options and that J has no coupling beyond it."""
+    check_int("max_bandwidth", max_bandwidth, 0)
+    if J is None:
+        return 0
+    if bandwidth is None:
+        if J.requires_grad and torch.is_grad_enabled():
+            raise ValueError("method 'chain' needs an explicit `bandwidth` when J is trained: a bandwidth inferred "
+                             "from J's current values (w = 0 for J = 0) would give every coupling beyond it no "
+                             "gradient. Pass method_options={'bandwidth': w}")
+        pairs = (J.detach() != 0).reshape(-1, n, n).any(0).nonzero()
+        bandwidth = int((pairs[:, 1] - pairs[:, 0]).abs().max()) if len(pairs) else 0
+    else:
+        check_int("bandwidth", bandwidth, 0)
+        beyond = (torch.arange(n, device=J.device)[:, None] - torch.arange(n, device=J.device)).abs() > bandwidth
+        outside = (J.detach() * beyond).abs().amax() == 0 if J.numel() else torch.tensor(True)
+        message = (f"J is not banded with bandwidth {bandwidth}: it couples spins further apart. Pass a larger "
+                   "bandwidth, or use method='exact' (n <= 24) or 'meanfield'")
+        if checks.on_host(J.device):
+            if not bool(outside):
+                raise ValueError(message)
+        else:
+            torch._assert_async(outside, message)
+    w = min(bandwidth, max(n - 1, 0))
+    if w > max_bandwidth:
+        raise ValueError(f"bandwidth {w} exceeds max_bandwidth={max_bandwidth} (the chain has 2^w states); raise "
+                         "max_bandwidth, or use method='meanfield'")
+    return w
+
+
+def _check_options(options: dict) -> None:
+    o = with_defaults(marginals, options)
+    if o["bandwidth"] is not None:
+        check_int("bandwidth", o["bandwidth"], 0)
+    check_int("max_bandwidth", o["max_bandwidth"], 0)
+
+
+METHOD = Method("chain", marginals, log_partition, keyword_options(marginals), "exact",
+                f"J_jk = 0 for |j - k| > w, w <= {MAX_BANDWIDTH}, J may differ per query (options bandwidth, "
+                "max_bandwidth)", _check_options, max_bandwidth=MAX_BANDWIDTH)

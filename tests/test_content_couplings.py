@@ -1,0 +1,167 @@
+"""Couplings that depend on content (key- and query-conditioned, ``couplings.ContentCouplings``) and method
+``chain`` (a J per query): against the brute-force definition in float64, gradcheck, cached decoding, the
+one-step control's closed form, and the refusals."""
+
+import math
+
+import pytest
+import torch
+
+from boltzmann_attention import BoltzmannAttention, ising
+from boltzmann_attention.couplings import ContentCouplings
+from boltzmann_attention.naive import naive_boltzmann_attention
+from boltzmann_attention.positions import rotary
+
+
+def _banded_per_query(shape, n, w, scale=0.7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn(*shape, n, n, generator=g, dtype=torch.float64) * scale
+    d = (torch.arange(n)[:, None] - torch.arange(n)).abs()
+    W = W * ((d > 0) & (d <= w))
+    return (W + W.transpose(-1, -2)) / 2
+
+
+MASKS = {"none": None, "causal": torch.ones(4, 9, dtype=torch.bool).tril(5),
+         "holes": torch.rand(2, 3, 4, 9, generator=torch.Generator().manual_seed(1)) > 0.3}
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+@pytest.mark.parametrize("w", [1, 3])
+def test_chain_equals_the_reference_with_a_J_per_query(mask, w):
+    h = torch.randn(2, 3, 4, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    J = _banded_per_query((2, 3, 4), 9, w)
+    m = MASKS[mask]
+    got = ising.marginals(h, J, mask=m, method="chain", bandwidth=w)
+    want = ising.marginals(h, J, mask=m, method="reference")
+    assert (got - want).abs().max() < 1e-12
+    got = ising.log_partition(h, J, mask=m, method="chain", bandwidth=w)
+    want = ising.log_partition(h, J, mask=m, method="reference")
+    assert (got - want).abs().max() < 1e-12
+
+
+def test_chain_gradcheck_in_h_and_J():
+    n, w = 6, 2
+    band = (torch.arange(n)[:, None] - torch.arange(n)).abs()
+    upper = (band > 0) & (band <= w) & (torch.arange(n)[:, None] < torch.arange(n))
+    h = torch.randn(2, 3, n, dtype=torch.float64, requires_grad=True)
+    U = (torch.randn(2, 3, n, n, dtype=torch.float64) * 0.5 * upper).requires_grad_()
+    mask = torch.tensor([True, True, False, True, True, True])
+
+    def f(h, U):
+        J = (U * upper) + (U * upper).transpose(-1, -2)
+        return ising.marginals(h, J, mask=mask, method="chain", bandwidth=w)
+
+    assert torch.autograd.gradcheck(f, (h, U))
+
+
+def test_chain_refuses_couplings_beyond_its_bandwidth_and_an_inferred_one_when_trained():
+    h = torch.randn(5, dtype=torch.float64)
+    J = _banded_per_query((), 5, 3)
+    with pytest.raises(ValueError, match="not banded with bandwidth 2"):
+        ising.marginals(h, J, method="chain", bandwidth=2)
+    with pytest.raises(ValueError, match="explicit `bandwidth`"):
+        ising.marginals(h, J.requires_grad_(), method="chain")
+    with pytest.raises(ValueError, match="max_bandwidth"):
+        ising.marginals(h, J.detach(), method="chain", bandwidth=3, max_bandwidth=2)
+
+
+@pytest.mark.parametrize("query_conditioned", [False, True])
+def test_content_couplings_are_symmetric_banded_and_start_at_zero(query_conditioned):
+    k, q = torch.randn(2, 3, 7, 8), torch.randn(2, 3, 5, 8)
+    start = ContentCouplings(3, 8, 4, 2, query_conditioned)
+    assert start(k, q).abs().max() == 0  # B starts at zero: the layer starts as sigmoid attention
+    c = ContentCouplings(3, 8, 4, 2, query_conditioned, init_std=0.5)
+    J = c(k, q)
+    assert J.shape == (2, 3, 5 if query_conditioned else 1, 7, 7)
+    assert torch.equal(J, J.transpose(-1, -2))
+    d = (torch.arange(7)[:, None] - torch.arange(7)).abs()
+    assert (J[..., (d == 0) | (d > 2)] == 0).all() and (J[..., (d > 0) & (d <= 2)] != 0).all()
+    # the definition, by hand: key-conditioned (a_j.b_k + a_k.b_j) / (2 sqrt r); query-conditioned weighted by u_i
+    a, b = (torch.einsum("bhse,her->bhsr", k, p) for p in (c.left, c.right))
+    if query_conditioned:
+        u = torch.einsum("bhle,her->bhlr", q, c.query_weight)
+        want = torch.einsum("bhlr,bhjr,bhkr->bhljk", u, a, b)
+    else:
+        want = torch.einsum("bhjr,bhkr->bhjk", a, b)[:, :, None]
+    want = (want + want.transpose(-1, -2)) / (2 * math.sqrt(4)) * ((d > 0) & (d <= 2))
+    assert torch.allclose(J, want, atol=1e-6)
+
+
+def _layer(coupling, mode="h+J", method="chain", position="rope", seed=0):
+    torch.manual_seed(seed)
+    kw = {} if mode == "h+J-step" else {"method": method}
+    return BoltzmannAttention(16, 2, max_len=12, mode=mode, coupling=coupling, coupling_range=3, coupling_rank=4,
+                              coupling_init_std=0.5, position=position, **kw).double()
+
+
+def _heads(layer, x):
+    B, L, _ = x.shape
+    split = lambda t: t.view(B, L, 2, 8).transpose(1, 2)  # noqa: E731
+    q, k, v = split(layer.query(x)), split(layer.key(x)), split(layer.value(x))
+    return q, k, v
+
+
+@pytest.mark.parametrize("coupling", ["keys", "query"])
+@pytest.mark.parametrize("method", ["chain", "banded", "exact"])
+def test_the_layer_equals_the_definition_in_float64(coupling, method):
+    layer = _layer(coupling, method=method)
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    _, weights = layer(x, need_weights=True)
+    q, k, v = _heads(layer, x)
+    J = layer.couplings(k, q)  # from the keys and queries before the rotary embedding
+    positions = torch.arange(9)
+    _, want = naive_boltzmann_attention(rotary(q, positions), rotary(k, positions), v, J, is_causal=True,
+                                        bias=layer.field_bias.view(-1, 1, 1))
+    assert (weights - want).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("coupling", ["keys", "query"])
+def test_the_one_step_control_takes_the_same_content_couplings(coupling):
+    layer = _layer(coupling, mode="h+J-step")
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    _, weights = layer(x, need_weights=True)
+    q, k, v = _heads(layer, x)
+    J = layer.couplings(k, q)
+    positions = torch.arange(9)
+    h = rotary(q, positions) @ rotary(k, positions).transpose(-1, -2) / math.sqrt(8) + layer.field_bias.view(-1, 1, 1)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    m0 = torch.tanh(h) * causal
+    want = torch.sigmoid(2 * (h + torch.einsum("bhlk,bhlkj->bhlj", m0, J.expand(-1, -1, 9, -1, -1)))) * causal
+    assert (weights - want).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("coupling,mode", [("keys", "h+J"), ("query", "h+J"), ("keys", "h+J-step")])
+def test_cached_decoding_gives_the_rows_of_the_full_forward(coupling, mode):
+    layer = _layer(coupling, mode=mode)
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    full, _ = layer(x)
+    cache = {}
+    parts = [layer(x[:, :4], cache=cache)[0]] + [layer(x[:, i:i + 1], cache=cache)[0] for i in range(4, 9)]
+    assert (torch.cat(parts, 1) - full).abs().max() < 1e-12
+    assert set(cache) == {"owner", "key", "value", "content_key"}
+
+
+@pytest.mark.parametrize("coupling", ["keys", "query"])
+def test_gradcheck_through_the_content_couplings(coupling):
+    layer = _layer(coupling, position=None)
+    x = torch.randn(1, 5, 16, dtype=torch.float64)
+    params = [layer.couplings.left, layer.couplings.right] + (
+        [layer.couplings.query_weight] if coupling == "query" else [])
+
+    def g(*ps):  # the layer's output as a function of the couplings' parameters
+        names = ["couplings.left", "couplings.right", "couplings.query_weight"]
+        return torch.func.functional_call(layer, dict(zip(names, ps)), (x,))[0]
+
+    inputs = tuple(p.detach().clone().requires_grad_() for p in params)
+    assert torch.autograd.gradcheck(g, inputs)
+
+
+def test_content_couplings_are_refused_where_they_cannot_apply():
+    with pytest.raises(ValueError, match="does not use coupling"):
+        BoltzmannAttention(16, 2, max_len=8, mode="h", coupling="keys")
+    with pytest.raises(ValueError, match="needs mode 'h\\+J' or 'h\\+J-step'"):
+        BoltzmannAttention(16, 2, max_len=8, mode="J", coupling="keys")
+    with pytest.raises(ValueError, match="coupling_rank applies to coupling='keys' or 'query' only"):
+        BoltzmannAttention(16, 2, max_len=8, mode="h+J", coupling="full", coupling_rank=8)
+    with pytest.raises(ValueError, match="coupling_rank must be an integer >= 1"):
+        BoltzmannAttention(16, 2, max_len=8, mode="h+J", coupling="keys", coupling_rank=0)
