@@ -137,6 +137,28 @@ def test_overflowing_or_nan_field_raises_in_every_mode(mode):
             boltzmann_attention(q * 1e30, k * 1e30, v, mode=mode, **kwargs)
 
 
+BAD_COUPLINGS = {
+    "not symmetric": (lambda J: J + torch.triu(torch.ones_like(J), 1) * 0.1, "symmetric"),
+    "nonzero diagonal": (lambda J: J + torch.eye(J.shape[-1], dtype=J.dtype), "zero diagonal"),
+    "nan": (lambda J: J.masked_fill(torch.eye(J.shape[-1], dtype=torch.bool).roll(1, 0) | torch.eye(
+        J.shape[-1], dtype=torch.bool).roll(1, 1), math.nan), "NaN or inf"),
+    "inf": (lambda J: J.masked_fill(torch.eye(J.shape[-1], dtype=torch.bool).roll(1, 0) | torch.eye(
+        J.shape[-1], dtype=torch.bool).roll(1, 1), math.inf), "NaN or inf"),
+}
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if "J" in m])
+@pytest.mark.parametrize("case", sorted(BAD_COUPLINGS))
+def test_the_functional_form_refuses_bad_couplings_in_every_mode_with_couplings(mode, case):
+    """Modes whose weights are a closed form (h+J-step) solve nothing that would check J: they refuse the same
+    couplings as the modes that do."""
+    q, k, v, J, K = _attention_inputs()
+    make, message = BAD_COUPLINGS[case]
+    kwargs = _mode_kwargs(mode, make(J), K)
+    with pytest.raises(ValueError, match=message):
+        boltzmann_attention(q, k, v, mode=mode, **kwargs)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_unknown_option_names_it_and_the_known_ones(method):
     h, J = problem()

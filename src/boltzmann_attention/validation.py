@@ -27,7 +27,7 @@ from . import ising, modes
 from .ising import checks
 from .ising import window as window_ising
 from .ising._inputs import _check_finite as check_finite
-from .ising._inputs import check_int, check_real
+from .ising._inputs import check_int, check_pairwise, check_real
 from .ising.checks import VALUE_CHECKS, value_checks  # noqa: F401 (the layer's public policy)
 from .ising.methods import methods_with, resolve_method
 from .modes import LAYER_MODES, MODES, RECENCY_MODES, WINDOW_MODES
@@ -179,6 +179,8 @@ def check_call(query: Tensor, key: Tensor, value: Tensor, *, couplings, three_bo
                              f"or {query.shape[1]} query heads, got {tuple(couplings.shape)}")
     else:
         _check_couplings("couplings", couplings, query, S, 2)
+        if couplings is not None and modes.RECORDS[mode].weights is not None and not _skip_value_checks(couplings):
+            check_pairwise("couplings", couplings)  # a closed form solves nothing that would check them
     _check_couplings("three_body", three_body, query, S, 3)
 
 
