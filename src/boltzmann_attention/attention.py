@@ -175,7 +175,8 @@ def _attend(query, key, value, couplings, three_body, mode, method, causal_offse
             mask = mask & causal
 
     if modes.RECORDS[mode].softmax:  # bias and a float mask: added to the scores (SDPA's additive mask)
-        check_values(mode, query, key, None)
+        check_values(mode, query, key, None, tuple((name, x) for name, x in (("bias", bias), ("attn_mask", additive))
+                                                   if isinstance(x, Tensor)))
         if additive is not None:
             bias = additive + bias
         if isinstance(bias, Tensor) or bias != 0:
@@ -215,8 +216,8 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         shape = torch.broadcast_shapes(torch.as_tensor(bias).shape, (1, 1, L, S),
                                        mask.shape if mask is not None else ())
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
-    built = [(f"the couplings {name}", x) for name, x in (("J", couplings), ("K", three_body))
-             if built_couplings and isinstance(x, Tensor)]
+    built = [(f"the couplings {name}", x.profile if isinstance(x, ising.toeplitz.Toeplitz) else x)
+             for name, x in (("J", couplings), ("K", three_body)) if built_couplings and x is not None]
     check_values(mode, query, key, field, tuple(built))
 
     if field.device.type == "meta":  # shapes and dtypes only: there are no values to solve for
@@ -433,7 +434,9 @@ class BoltzmannAttention(nn.Module):
             cache.update(owner=weakref.ref(self), key=k, value=v, **extra)
         prior = self._position_bias(L, S, x.dtype)  # (H, L, S) or None
         if modes.RECORDS[self.mode].module_only:
-            check_values("softmax", q, k, None, () if log_forget is None else (("the forget gate", log_forget),))
+            check_values("softmax", q, k, None, tuple((name, x) for name, x in (
+                ("the forget gate", log_forget), ("the position prior (ALiBi, slot bias)", prior),
+                ("mta's kernel", None if self.kernel is None else self.kernel.weight)) if x is not None))
             if key_padding_mask is not None:
                 raise ValueError(f"mode {self.mode!r} takes no key_padding_mask (it runs over every key before the "
                                  "query)")
