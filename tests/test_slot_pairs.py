@@ -140,6 +140,19 @@ def test_config_refuses_a_slot_bias_multiplier_without_a_slot_bias():
                       **TINY).validate()
 
 
+@pytest.mark.parametrize("mode", ["h", "softmax", "mta", "fox", "stickbreaking"])
+def test_config_refuses_a_coupling_multiplier_without_couplings(mode):
+    """Modes without J or K have no parameter the multiplier would scale: a value would be ignored."""
+    with pytest.raises(ValueError, match=f"coupling_lr_multiplier = 4 .* mode '{mode}' has none"):
+        TrainConfig.build(mode=mode, coupling_lr_multiplier=4.0, **TINY).validate()
+    TrainConfig.build(mode=mode, **TINY).validate()
+
+
+@pytest.mark.parametrize("mode", ["J", "h+J", "h+K", "h+J-step"])
+def test_config_takes_a_coupling_multiplier_with_couplings(mode):
+    TrainConfig.build(mode=mode, coupling_lr_multiplier=4.0, **TINY).validate()
+
+
 @pytest.mark.parametrize("parametrization", ["direct", "pairs"])
 @pytest.mark.parametrize("multiplier", [1.0, 16.0])
 def test_adam_moves_the_slot_bias_at_its_own_learning_rate(parametrization, multiplier):
