@@ -36,6 +36,13 @@ def check_inputs(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | N
                          f"{getattr(h, 'dtype', '')}")
     if h.dim() < 1:
         raise ValueError("h must have at least one dimension (..., n)")
+    on_meta = [name for name, x in (("h", h), ("J", J), ("K", K), ("mask", mask))
+               if isinstance(x, Tensor) and x.device.type == "meta"]
+    if on_meta:
+        raise ValueError(f"{' and '.join(on_meta)} {'is a meta tensor' if len(on_meta) == 1 else 'are meta tensors'} "
+                         "(shapes without values), and marginals and log Z are computed from values: pass tensors "
+                         "on a real device (BoltzmannAttention and boltzmann_attention take meta tensors: shapes "
+                         "only, nothing solved)")
     n = h.shape[-1]
     _check_finite("h", h)
     batch = h.shape[:-1]
