@@ -102,9 +102,10 @@ def boltzmann_attention(
 
     Returns the output (B, H, L, Ev), and the weights (B, H, L, S) when return_weights is True. A query
     with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there); B, L or S = 0
-    give empty results. Every argument is checked first, and an error names it: query and key must be
-    finite in every mode (and the field they make with bias), value is used as given (a NaN in it
-    propagates, as in SDPA). The value checks are skipped on meta tensors and while ``torch.compile`` traces
+    give empty results. Every argument is checked first, and an error names it: every tensor that enters the
+    scores or weights must be finite in every mode (query and key, the field they make, a bias tensor, a float
+    attn_mask apart from its -inf entries, the couplings), value is used as given (a NaN in it propagates, as in
+    SDPA). The value checks are skipped on meta tensors and while ``torch.compile`` traces
     (``torch.compiler.is_compiling()``): there they would need the data. On meta tensors the result has the
     right shape and dtype and no values (nothing is solved).
     """
