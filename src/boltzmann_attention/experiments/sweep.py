@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 
 from .. import modes
-from ..ising._inputs import check_int
+from ..validation import check_int
 from .results import MEASURED
 from .train import Analysis, TrainConfig, load_final, result_lock, train, write_result
 
