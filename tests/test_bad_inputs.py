@@ -137,6 +137,93 @@ def test_overflowing_or_nan_field_raises_in_every_mode(mode):
             boltzmann_attention(q * 1e30, k * 1e30, v, mode=mode, **kwargs)
 
 
+BAD_COUPLINGS = {
+    "not symmetric": (lambda J: J + torch.triu(torch.ones_like(J), 1) * 0.1, "symmetric"),
+    "nonzero diagonal": (lambda J: J + torch.eye(J.shape[-1], dtype=J.dtype), "zero diagonal"),
+    "nan": (lambda J: J.masked_fill(torch.eye(J.shape[-1], dtype=torch.bool).roll(1, 0) | torch.eye(
+        J.shape[-1], dtype=torch.bool).roll(1, 1), math.nan), "NaN or inf"),
+    "inf": (lambda J: J.masked_fill(torch.eye(J.shape[-1], dtype=torch.bool).roll(1, 0) | torch.eye(
+        J.shape[-1], dtype=torch.bool).roll(1, 1), math.inf), "NaN or inf"),
+}
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if "J" in m])
+@pytest.mark.parametrize("case", sorted(BAD_COUPLINGS))
+def test_the_functional_form_refuses_bad_couplings_in_every_mode_with_couplings(mode, case):
+    """Modes whose weights are a closed form (h+J-step) solve nothing that would check J: they refuse the same
+    couplings as the modes that do."""
+    q, k, v, J, K = _attention_inputs()
+    make, message = BAD_COUPLINGS[case]
+    kwargs = _mode_kwargs(mode, make(J), K)
+    with pytest.raises(ValueError, match=message):
+        boltzmann_attention(q, k, v, mode=mode, **kwargs)
+
+
+@pytest.mark.parametrize("where", ["bias", "attn_mask"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_non_finite_bias_or_float_mask_raises_in_every_mode(mode, where, bad):
+    """Every tensor that enters the scores or the field is checked, softmax's too; -inf in a float attn_mask
+    is an absent key, not an error."""
+    q, k, v, J, K = _attention_inputs()
+    tensor = torch.zeros(2, 1, 1, 5, dtype=DT)
+    tensor[1, 0, 0, 2] = bad
+    kwargs = _mode_kwargs(mode, J, K)
+    with pytest.raises(ValueError, match="contains NaN or inf"):
+        boltzmann_attention(q, k, v, mode=mode, **{where: tensor}, **kwargs)
+    if where == "attn_mask":
+        absent = torch.zeros(2, 1, 1, 5, dtype=DT)
+        absent[1, 0, 0, 2] = -math.inf
+        out = boltzmann_attention(q, k, v, mode=mode, attn_mask=absent, **kwargs)
+        assert torch.isfinite(out).all()
+
+
+def _break_slot_bias(layer):
+    with torch.no_grad():
+        layer.slot_bias.weight[0, 1] = math.nan
+
+
+def _break_kernel(layer):
+    with torch.no_grad():
+        layer.kernel.weight[0, 0, 0] = math.inf
+
+
+def _break_alibi(monkeypatch):
+    from boltzmann_attention import attention
+    monkeypatch.setattr(attention, "alibi_slopes", lambda n: torch.full((n,), math.nan, dtype=torch.float64))
+
+
+LAYER_TENSORS = {  # what enters a module-only mode's scores besides query and key
+    "slot bias": (dict(slot_bias=3), _break_slot_bias),
+    "pairs slot bias": (dict(slot_bias=3, slot_bias_parametrization="pairs"), _break_slot_bias),
+    "alibi": (dict(position="alibi"), None),
+}
+
+
+@pytest.mark.parametrize("mode", ["softmax", "fox", "stickbreaking", "mta", "h", "h+J"])
+@pytest.mark.parametrize("case", sorted(LAYER_TENSORS) + ["mta kernel"])
+@pytest.mark.parametrize("policy", ["host", "async"])
+def test_every_tensor_that_enters_a_layer_forward_is_checked(mode, case, policy, monkeypatch):
+    from boltzmann_attention import value_checks
+
+    if case == "mta kernel" and mode != "mta":
+        pytest.skip("the kernel is mta's")
+    options, breaks = LAYER_TENSORS.get(case, ({}, _break_kernel))
+    torch.manual_seed(0)
+    layer = BoltzmannAttention(8, 2, max_len=6, mode=mode, **options)
+    x = torch.randn(2, 6, 8)
+    assert torch.isfinite(layer(x)[0]).all()
+    if breaks is None:
+        _break_alibi(monkeypatch)
+    else:
+        breaks(layer)
+    error = ValueError if policy == "host" else RuntimeError
+    with value_checks(policy), pytest.raises(error, match="NaN or inf"):
+        layer(x)
+    with value_checks(policy), pytest.raises(error, match="NaN or inf"):  # decoding with a cache too
+        layer(x[:, :2], cache={})
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_unknown_option_names_it_and_the_known_ones(method):
     h, J = problem()

@@ -181,6 +181,22 @@ def test_bad_values_are_refused_before_any_work(argv, monkeypatch, capsys):
     assert re.search(rf"argument {re.escape(flag)}\b.*(must be >= 1|expected an integer >= 1)", err), err
 
 
+@pytest.mark.parametrize("error, status", [(ValueError("the --json file x.json: not writable\nmore"), 2),
+                                           (RuntimeError("a measured process died\nits output: ..."), 1),
+                                           (OSError(28, "No space left on device", "x.json"), 1)])
+def test_an_error_while_measuring_is_one_line_not_a_traceback(error, status, monkeypatch, capsys):
+    def fail(args):
+        raise error
+
+    monkeypatch.setitem(cli.COMMANDS, "methods", fail)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["methods", "--quick"])
+    assert exit_info.value.code == status
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err
+    assert str(error).splitlines()[0].split(":")[0] in err
+
+
 COMMAND_FUNCTIONS = ("methods", "steps", "approximations", "window", "banded", "relative-steps", "grid-throughput",
                      "dqa-calibration")
 

@@ -341,3 +341,75 @@ def test_executor_options_take_plain_words_and_need_the_submitit_executor(tmp_pa
     assert cli.main(["sweep", "--tasks", "brackets", "--T", "4", "--out", str(tmp_path / "x"), "--executor-option",
                      "cluster=local"]) == 2
     assert cli.main(["sweep", "--set", "steps=two"]) == 2  # config overrides stay strict JSON
+
+
+def _failing_sweep(tmp_path) -> list[str]:
+    """A sweep of one run whose checkpoint is not one: the run fails, at its start."""
+    from boltzmann_attention.experiments.sweep import Grid, run_name
+
+    grid = Grid(("brackets",), (4,), modes=("h",), seeds=(0,))
+    (tmp_path / "checkpoints").mkdir(parents=True)
+    (tmp_path / "checkpoints" / f"{run_name(grid.runs()[0][1])}.pt").write_text("not a checkpoint")
+    return ["sweep", "--tasks", "brackets", "--T", "4", "--modes", "h", "--seeds", "0", "--out", str(tmp_path)]
+
+
+SWEEP = ["sweep", "--tasks", "brackets", "--T", "4", "--modes", "h", "--seeds", "0", "--executor", "submitit"]
+CLI_ERRORS = {  # argv (OUT: the test's folder), exit status, what the line names
+    "a failed run": (None, 1, r"^error: RuntimeError: 1 of 1 runs failed: brackets-T4-h-exact-base-s0: ValueError: "
+                              r"checkpoint .*brackets-T4-h-exact-base-s0.pt is corrupted"),
+    "an unknown executor option": ([*SWEEP, "--executor-option", "cluster=local", "bogus=1"], 2,
+                                   r"^error: executor_options \{'bogus': 1\}: Parameter 'bogus'"),
+    "a mistyped executor option": ([*SWEEP, "--executor-option", "cluster=local", "timeout_min=x"], 2,
+                                   r"^error: executor_options \{'timeout_min': 'x'\}: Parameter \"timeout_min\""),
+    "slurm off a cluster": ([*SWEEP, "--executor-option", "cluster=slurm"], 2,
+                            r"^error: executor option cluster='slurm': Could not detect \"srun\""),
+    "cpus_per_task a word": ([*SWEEP, "--executor-option", "cpus_per_task=four"], 2,
+                             r"^error: executor option cpus_per_task must be an integer >= 1, got 'four'$"),
+    "cpus_per_task 0": ([*SWEEP, "--executor-option", "cpus_per_task=0"], 2,
+                        r"^error: executor option cpus_per_task must be an integer >= 1, got 0$"),
+    "sweep --jobs 0": (["sweep", "--jobs", "0"], 2, r"^error: --jobs must be an integer >= 1 .*, got 0$"),
+    "reproduce --jobs 0": (["reproduce", "--jobs", "0"], 2, r"^error: --jobs must be an integer >= 1 .*, got 0$"),
+    "reproduce --jobs -2": (["reproduce", "--jobs", "-2"], 2, r"^error: --jobs must be an integer >= 1 .*, got -2$"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLI_ERRORS))
+def test_every_error_is_one_line_naming_the_option_or_file(case, tmp_path, capsys, monkeypatch):
+    import re
+    import shutil
+
+    pytest.importorskip("submitit")
+    if case == "slurm off a cluster" and shutil.which("srun"):
+        pytest.skip("on a Slurm cluster")
+    monkeypatch.chdir(tmp_path)
+    argv, status, line = CLI_ERRORS[case]
+    argv = _failing_sweep(tmp_path / "out") if argv is None else [*argv, "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == status
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()  # a sweep's progress lines, then the error, whole on the last line
+    assert [x for x in lines if x.startswith("error")] == lines[-1:] and re.search(line, lines[-1]), err
+    if case != "a failed run":
+        assert not (tmp_path / "out" / "runs").exists()  # refused before any run
+
+
+def test_train_never_replaces_a_result_of_another_config_written_while_it_trained(tmp_path, capsys, monkeypatch):
+    """Two trainings into one file: the other config's result, written while this one trained, stays; this one is
+    kept beside it and the command fails in one line naming both."""
+    from boltzmann_attention.experiments import train as train_module
+
+    out = tmp_path / "run.json"
+    real = train_module.train
+
+    def interleaved(cfg, **kwargs):
+        monkeypatch.setattr(train_module, "train", real)
+        assert cli.main(["train", *TINY, "--d-ff", "32", "--out", str(out)]) == 0
+        return real(cfg, **kwargs)
+
+    monkeypatch.setattr(train_module, "train", interleaved)
+    capsys.readouterr()
+    assert cli.main(["train", *TINY, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "holds a run of another config" in err[-1] and f"kept as {out}.conflict" in err[-1]
+    assert json.loads(out.read_text())["config"]["arch"]["d_ff"] == 32
+    assert json.loads(Path(f"{out}.conflict").read_text())["config"]["arch"]["d_ff"] == 16

@@ -18,6 +18,32 @@ def _compare(h, J, K, mask, atol):
     torch.testing.assert_close(logz, reference.log_partition(h, J, K, mask), atol=atol, rtol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("with_K", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_half_precision_is_as_close_to_the_reference_as_its_dtype_resolves(dtype, with_K, with_mask):
+    """Inputs in half precision give the float64 marginals of those same inputs, rounded to the dtype: the sums of
+    2^n Boltzmann weights are not done in half precision."""
+    g = torch.Generator().manual_seed(3)
+    n = 12
+    h = torch.randn(2, 4, n, dtype=torch.float64, generator=g).to(dtype)
+    J = symmetric_couplings(n, 2, 1, scale=0.5, generator=g).to(dtype)
+    K = symmetric_three_body(n, scale=0.2, generator=g).to(dtype) if with_K else None
+    mask = torch.rand(2, 4, n, generator=g) > 0.3 if with_mask else None
+    h.requires_grad_()
+    m = ising.marginals(h, J, K, mask=mask, method="exact")
+    expected = reference.marginals(h.double(), J.double(), None if K is None else K.double(), mask)
+    assert m.dtype == dtype
+    torch.testing.assert_close(m.double(), expected, atol=torch.finfo(dtype).eps, rtol=0)
+    logz = ising.log_partition(h, J, K, mask=mask, method="exact")
+    assert logz.dtype == dtype
+    torch.testing.assert_close(logz.double(), reference.log_partition(h.double(), J.double(), None if K is None
+                                                                      else K.double(), mask),
+                               atol=0, rtol=torch.finfo(dtype).eps)
+    m.sum().backward()
+    assert h.grad.dtype == dtype and torch.isfinite(h.grad).all()
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 7, 8, 13])
 @pytest.mark.parametrize("with_K", [False, True])
 @pytest.mark.parametrize("with_mask", [False, True])

@@ -52,7 +52,8 @@ def test_gradcheck():
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, 5, 3, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
     J = _symmetric(2, 5, seed=3).requires_grad_()
-    torch.autograd.gradcheck(lambda q, k, v, J: boltzmann_attention(q, k, v, couplings=(J + J.transpose(-1, -2)) / 2,
+    # J through its upper triangle: gradcheck's perturbations keep it symmetric with a zero diagonal
+    torch.autograd.gradcheck(lambda q, k, v, J: boltzmann_attention(q, k, v, couplings=J.triu(1) + J.triu(1).mT,
                                                                     is_causal=True, mode="h+J-step"), (q, k, v, J))
 
 
@@ -95,3 +96,19 @@ def test_convert_takes_full_couplings_of_any_length_for_the_control():
     assert torch.isfinite(model(torch.randint(0, 20, (1, 40))).logits).all()
     with pytest.raises(ValueError, match="more than its limit of 24"):
         bt.convert(transformers.GPT2LMHeadModel(config), mode="h+J", coupling="full")
+
+
+def test_convert_names_the_couplings_the_control_takes_instead_of_its_default_window():
+    transformers = pytest.importorskip("transformers")
+    from boltzmann_attention.integrations import transformers as bt
+
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64, vocab_size=20, bos_token_id=0,
+                                     eos_token_id=0)
+    default = r"mode 'h\+J-step' takes no coupled window, coupling='window' \(convert\(\)'s default: a window of 16 " \
+        r"keys\)"
+    with pytest.raises(ValueError, match=default + r"; pass coupling='relative' .* or coupling='full'"):
+        bt.convert(transformers.GPT2LMHeadModel(config), mode="h+J-step")
+    with pytest.raises(ValueError, match=r"takes no coupled window, coupling='window'; pass coupling='relative'"):
+        bt.convert(transformers.GPT2LMHeadModel(config), mode="h+J-step", coupling="window", coupling_window=4)
+    model = bt.convert(transformers.GPT2LMHeadModel(config), mode="h+J-step", coupling="relative", coupling_range=8)
+    assert torch.isfinite(model(torch.randint(0, 20, (1, 40))).logits).all()

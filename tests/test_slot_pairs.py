@@ -140,6 +140,19 @@ def test_config_refuses_a_slot_bias_multiplier_without_a_slot_bias():
                       **TINY).validate()
 
 
+@pytest.mark.parametrize("mode", ["h", "softmax", "mta", "fox", "stickbreaking"])
+def test_config_refuses_a_coupling_multiplier_without_couplings(mode):
+    """Modes without J or K have no parameter the multiplier would scale: a value would be ignored."""
+    with pytest.raises(ValueError, match=f"coupling_lr_multiplier = 4 .* mode '{mode}' has none"):
+        TrainConfig.build(mode=mode, coupling_lr_multiplier=4.0, **TINY).validate()
+    TrainConfig.build(mode=mode, **TINY).validate()
+
+
+@pytest.mark.parametrize("mode", ["J", "h+J", "h+K", "h+J-step"])
+def test_config_takes_a_coupling_multiplier_with_couplings(mode):
+    TrainConfig.build(mode=mode, coupling_lr_multiplier=4.0, **TINY).validate()
+
+
 @pytest.mark.parametrize("parametrization", ["direct", "pairs"])
 @pytest.mark.parametrize("multiplier", [1.0, 16.0])
 def test_adam_moves_the_slot_bias_at_its_own_learning_rate(parametrization, multiplier):
@@ -192,3 +205,27 @@ def test_the_pair_table_is_recorded():
     record = learned_priors(attn, 8)
     assert torch.equal(torch.tensor(record["slot_bias_pairs"], dtype=torch.float32), attn.slot_bias.pairs())
     assert torch.equal(torch.tensor(record["slot_bias"], dtype=torch.float32), attn.slot_bias.weight)
+
+
+@pytest.mark.parametrize("mode", ["h", "softmax", "h+J", "J", "fox", "stickbreaking", "mta"])
+def test_the_pairs_slot_bias_runs_under_autocast(mode):
+    """After a Linear under autocast (bfloat16 activations), forward, backward and cached decoding give what the
+    float32 layer gives, to bfloat16's precision; the pair table gets its gradient."""
+    torch.manual_seed(0)
+    layer = BoltzmannAttention(E, HEADS, max_len=L, mode=mode, slot_bias=W, slot_bias_parametrization="pairs")
+    with torch.no_grad():
+        layer.slot_bias.pairs.weight.normal_()
+    linear = torch.nn.Linear(E, E)
+    x = torch.randn(2, L, E)
+    expected = layer(linear(x))[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(linear(x))[0]
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=0.05, rtol=0.05)
+    out.float().square().sum().backward()
+    assert layer.slot_bias.pairs.weight.grad.abs().sum() > 0
+    cache = {}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rows = [layer(linear(x[:, :4]), cache=cache)[0]] + [layer(linear(x[:, i:i + 1]), cache=cache)[0]
+                                                            for i in range(4, L)]
+    torch.testing.assert_close(torch.cat(rows, dim=1).float(), expected, atol=0.05, rtol=0.05)

@@ -243,3 +243,137 @@ def test_a_run_that_fails_inside_a_submitit_job_is_reported_like_a_local_one(tmp
     (tmp_path / "checkpoints" / f"{run_name(grid.runs()[0][1])}.pt").write_text("not a checkpoint")
     with pytest.raises(RuntimeError, match="1 of 1 runs failed"):
         sweep([grid], tmp_path, executor="submitit", executor_options={"cluster": "local"})
+
+
+def test_two_sweeps_of_different_configs_never_replace_each_others_result(tmp_path, monkeypatch):
+    """Both find the run's place free when they start; the other one writes its result while this one trains.
+    The first result stays, the second is kept beside it, and the second sweep fails naming both."""
+    mine = Grid(("brackets",), (4,), modes=("h",), seeds=(0,), overrides=TINY)
+    other = Grid(("brackets",), (4,), modes=("h",), seeds=(0,), overrides={**TINY, "d_ff": 32})
+    name = run_name(mine.runs()[0][1])
+    real_train = sweep_module.train
+
+    def interleaved(cfg, **kwargs):
+        monkeypatch.setattr(sweep_module, "train", real_train)
+        assert sweep([other], tmp_path) == [name]  # the other sweep, start to end, while this run trains
+        return real_train(cfg, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "train", interleaved)
+    with pytest.raises(RuntimeError, match=rf"1 of 1 runs failed:\n{name}: ValueError: .*holds a run of another "
+                                           rf"config .*'d_ff': \(32, 16\).* kept as .*{name}.json.conflict"):
+        sweep([mine], tmp_path)
+    path = tmp_path / "runs" / f"{name}.json"
+    assert json.loads(path.read_text())["config"]["arch"]["d_ff"] == 32
+    assert json.loads((tmp_path / "runs" / f"{name}.json.conflict").read_text())["config"]["arch"]["d_ff"] == 16
+
+
+def test_a_result_write_waits_for_the_folder_lock_and_then_sees_the_other_result(tmp_path):
+    """The check and the write are one step under the folder's lock: a writer that comes while another holds it
+    waits, then finds that writer's result and keeps its own beside it."""
+    import threading
+
+    from boltzmann_attention.experiments.train import TrainConfig, result_lock
+
+    mine = TrainConfig.build(task="brackets", T=4, **TINY)
+    other = mine.replace(d_ff=32)
+    path = tmp_path / "runs" / "run.json"
+    errors = []
+
+    def write():
+        try:
+            sweep_module.write_own_result({"config": {}, "mine": True}, path, mine)
+        except ValueError as e:
+            errors.append(str(e))
+
+    with result_lock(path):
+        writer = threading.Thread(target=write)
+        writer.start()
+        writer.join(timeout=1.0)
+        assert writer.is_alive()  # waiting for the lock
+        sweep_module.write_result({"config": sweep_module.asdict(other), "metrics": {
+            "val": {"loss": 1.0}, "test": {"accuracy": 0.5}}}, path)
+    writer.join(timeout=30)
+    assert not writer.is_alive() and len(errors) == 1 and "holds a run of another config" in errors[0]
+    assert "mine" not in json.loads(path.read_text())
+    assert json.loads((tmp_path / "runs" / "run.json.conflict").read_text())["mine"] is True
+
+
+def test_a_result_whose_config_does_not_parse_is_named(finished, tmp_path):
+    grid, names = _copy(finished, tmp_path)
+    path = tmp_path / "runs" / f"{names[0]}.json"
+    d = json.loads(path.read_text())
+    d["config"]["optim"]["learning_rate"] = 0.1  # an edited file: a field no config has
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=rf"^{path}: its config does not parse \(unknown config fields: "
+                                         r"\['learning_rate'\]\); nothing is replaced"):
+        sweep([grid], tmp_path, dry_run=True)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"cpus_per_task": "four"}, r"executor option cpus_per_task must be an integer >= 1, got 'four'"),
+    ({"cpus_per_task": 0}, r"executor option cpus_per_task must be an integer >= 1, got 0"),
+    ({"cpus_per_task": -2}, r"executor option cpus_per_task must be an integer >= 1, got -2"),
+    ({"cluster": "local", "bogus": 1}, r"^executor_options \{'bogus': 1\}: Parameter 'bogus' need"),
+    ({"cluster": "local", "timeout_min": "x"}, r"^executor_options \{'timeout_min': 'x'\}: Parameter \"timeout_min"),
+    ({"cluster": "nowhere"}, r"^executor option cluster='nowhere': AutoExecutor doesn't know"),
+    ({"cluster": "slurm"}, r"^executor option cluster='slurm': Could not detect \"srun\""),
+])
+def test_executor_options_are_refused_before_any_run_naming_the_option(tmp_path, options, message):
+    pytest.importorskip("submitit")
+    if options.get("cluster") == "slurm" and __import__("shutil").which("srun"):
+        pytest.skip("on a Slurm cluster")
+    grid = Grid(("brackets",), (4,), modes=("h",), seeds=(0,), overrides=TINY)
+    with pytest.raises(ValueError, match=message):
+        sweep([grid], tmp_path, executor="submitit", executor_options=options)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("jobs, threads, message", [(0, None, "jobs must be an integer >= 1, got 0"),
+                                                    (-2, None, "jobs must be an integer >= 1, got -2"),
+                                                    (1, 0, "threads must be an integer >= 1, got 0")])
+def test_jobs_and_threads_are_checked_before_any_run(tmp_path, jobs, threads, message):
+    grid = Grid(("brackets",), (4,), modes=("h",), seeds=(0,), overrides=TINY)
+    with pytest.raises(ValueError, match=message):
+        sweep([grid], tmp_path, jobs=jobs, threads=threads)
+
+
+def test_the_debug_executor_leaves_the_callers_thread_count(tmp_path):
+    """submitit's debug executor runs the jobs in this process: a run's thread count must not stay."""
+    pytest.importorskip("submitit")
+    import torch
+
+    grid = Grid(("brackets",), (4,), modes=("h",), seeds=(0,), overrides=TINY)
+    before = torch.get_num_threads()
+    threads = 2 if before == 1 else 1
+    try:
+        assert len(sweep([grid], tmp_path, executor="submitit", executor_options={"cluster": "debug"},
+                         threads=threads)) == 1
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_unpacking_an_archive_checks_each_file_again_when_it_writes(finished, tmp_path, monkeypatch):
+    """Another writer that puts a result in place after the unpacking's first look (here: as the unpacking takes
+    the folder's lock) is not overwritten."""
+    from contextlib import contextmanager
+
+    from boltzmann_attention.experiments import results
+
+    (tmp_path / "done").mkdir()
+    grid, names = _copy(finished, tmp_path / "done")
+    archive = results.write_archive(results.load_runs(tmp_path / "done"), tmp_path)
+    lock = results.result_lock
+
+    @contextmanager
+    def raced(path):
+        with lock(path):
+            if not path.exists():
+                path.write_text(json.dumps({"another": "result"}))
+            yield
+
+    monkeypatch.setattr(results, "result_lock", raced)
+    with pytest.raises(ValueError, match=r"already holds another result than .*; it was not replaced"):
+        results.unpack_archive(archive, tmp_path / "new")
+    (kept,) = (tmp_path / "new" / "runs").glob("*.json")  # the first run's place, which the other writer took
+    assert kept.stem in names and json.loads(kept.read_text()) == {"another": "result"}

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import symmetric_couplings, symmetric_three_body
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
-from boltzmann_attention import BoltzmannAttention, boltzmann_attention, modes
+from boltzmann_attention import BoltzmannAttention, boltzmann_attention, ising, modes
 from boltzmann_attention.naive import naive_boltzmann_attention
 
 DT = torch.float64
@@ -338,6 +338,20 @@ def test_module_on_meta_tensors(config):
     out, w = layer(x, need_weights=True)
     assert out.shape == (2, 8, 16) and w.shape == (2, 2, 8, 8) and out.device.type == "meta"
     out.sum().backward()
+
+
+@pytest.mark.parametrize("method", sorted(ising.METHODS))
+@pytest.mark.parametrize("on_meta", ["h", "J", "h and J"])
+def test_the_marginals_refuse_meta_tensors_by_name(method, on_meta):
+    """ising computes values, which meta tensors do not have: a ValueError naming them, not torch's own error
+    from inside a solver."""
+    h, J = torch.zeros(3, 5), torch.zeros(5, 5)
+    h, J = (x.to("meta") if name in on_meta.split(" and ") else x for name, x in (("h", h), ("J", J)))
+    with pytest.raises(ValueError, match=f"^{on_meta} (is a meta tensor|are meta tensors) .*pass tensors on a real"):
+        ising.marginals(h, J, method=method)
+    if method not in ising.SAMPLED_METHODS:
+        with pytest.raises(ValueError, match=f"^{on_meta} (is a meta tensor|are meta tensors)"):
+            ising.log_partition(h, J, method=method)
 
 
 # --- torch.compile ----------------------------------------------------------------------------------------

@@ -102,9 +102,10 @@ def boltzmann_attention(
 
     Returns the output (B, H, L, Ev), and the weights (B, H, L, S) when return_weights is True. A query
     with no visible key gets zero weights and a zero output (SDPA's softmax gives NaN there); B, L or S = 0
-    give empty results. Every argument is checked first, and an error names it: query and key must be
-    finite in every mode (and the field they make with bias), value is used as given (a NaN in it
-    propagates, as in SDPA). The value checks are skipped on meta tensors and while ``torch.compile`` traces
+    give empty results. Every argument is checked first, and an error names it: every tensor that enters the
+    scores or weights must be finite in every mode (query and key, the field they make, a bias tensor, a float
+    attn_mask apart from its -inf entries, the couplings), value is used as given (a NaN in it propagates, as in
+    SDPA). The value checks are skipped on meta tensors and while ``torch.compile`` traces
     (``torch.compiler.is_compiling()``): there they would need the data. On meta tensors the result has the
     right shape and dtype and no values (nothing is solved).
     """
@@ -175,7 +176,8 @@ def _attend(query, key, value, couplings, three_body, mode, method, causal_offse
             mask = mask & causal
 
     if modes.RECORDS[mode].softmax:  # bias and a float mask: added to the scores (SDPA's additive mask)
-        check_values(mode, query, key, None)
+        check_values(mode, query, key, None, tuple((name, x) for name, x in (("bias", bias), ("attn_mask", additive))
+                                                   if isinstance(x, Tensor)))
         if additive is not None:
             bias = additive + bias
         if isinstance(bias, Tensor) or bias != 0:
@@ -215,8 +217,8 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         shape = torch.broadcast_shapes(torch.as_tensor(bias).shape, (1, 1, L, S),
                                        mask.shape if mask is not None else ())
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
-    built = [(f"the couplings {name}", x) for name, x in (("J", couplings), ("K", three_body))
-             if built_couplings and isinstance(x, Tensor)]
+    built = [(f"the couplings {name}", x.profile if isinstance(x, ising.toeplitz.Toeplitz) else x)
+             for name, x in (("J", couplings), ("K", three_body)) if built_couplings and x is not None]
     check_values(mode, query, key, field, tuple(built))
 
     if field.device.type == "meta":  # shapes and dtypes only: there are no values to solve for
@@ -444,7 +446,9 @@ class BoltzmannAttention(nn.Module):
             cache.update(owner=weakref.ref(self), key=k, value=v, **extra)
         prior = self._position_bias(L, S, x.dtype)  # (H, L, S) or None
         if modes.RECORDS[self.mode].module_only:
-            check_values("softmax", q, k, None, () if log_forget is None else (("the forget gate", log_forget),))
+            check_values("softmax", q, k, None, tuple((name, x) for name, x in (
+                ("the forget gate", log_forget), ("the position prior (ALiBi, slot bias)", prior),
+                ("mta's kernel", None if self.kernel is None else self.kernel.weight)) if x is not None))
             if key_padding_mask is not None:
                 raise ValueError(f"mode {self.mode!r} takes no key_padding_mask (it runs over every key before the "
                                  "query)")

@@ -19,6 +19,7 @@ docs/design.md, "Coupled window".
 
 from __future__ import annotations
 
+import contextlib
 from functools import lru_cache
 
 import torch
@@ -51,9 +52,17 @@ def slot_field(couplings: Tensor, L: int, S: int, offset: int = 0) -> Tensor:
     """
     H, W = couplings.shape[0], couplings.shape[-1]
     index, valid = band_index(L, S, W, couplings.device, offset)                 # (L, W): key of slot a, exists
-    R = torch.einsum("hab,lb->hla", couplings, valid.to(couplings.dtype))       # (H, L, W): R_a over present b
+    with _without_autocast(couplings.device.type):  # in the couplings' dtype, which the scatter below writes
+        R = torch.einsum("hab,lb->hla", couplings, valid.to(couplings.dtype))   # (H, L, W): R_a over present b
     out = couplings.new_zeros(H, L, S)  # scatter_add: absent slots (clamped onto key 0) add 0
     return out.scatter_add(-1, index.expand(H, L, W), -R * valid)
+
+
+def _without_autocast(device: str):
+    """A context without autocast on ``device`` (a no-op where autocast is off or unavailable)."""
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        return torch.autocast(device, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _cached(fn, *args):

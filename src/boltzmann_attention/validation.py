@@ -6,8 +6,8 @@
   what the functional form refuses, in the same words. Method option values are checked by the method's
   record (:mod:`boltzmann_attention.ising.methods`).
 - :func:`check_call`: the tensors and per-call arguments of the functional form (types and shapes).
-- :func:`check_values`: NaN and inf in query, key and the field they make (values, not shapes), on the host or
-  as an asynchronous assert (:func:`value_checks`).
+- :func:`check_values`: NaN and inf in every tensor that enters the scores or weights (values, not shapes), on
+  the host or as an asynchronous assert (:func:`value_checks`).
 - :func:`check_layer_sizes`, :func:`check_sizes`: the module's sizes and initialisation.
 
 The Ising-level checks (h, J, K and mask of :mod:`boltzmann_attention.ising`) are in
@@ -27,7 +27,7 @@ from . import ising, modes
 from .ising import checks
 from .ising import window as window_ising
 from .ising._inputs import _check_finite as check_finite
-from .ising._inputs import check_int, check_real
+from .ising._inputs import check_int, check_pairwise, check_real
 from .ising.checks import VALUE_CHECKS, value_checks  # noqa: F401 (the layer's public policy)
 from .ising.methods import methods_with, resolve_method
 from .modes import LAYER_MODES, MODES, RECENCY_MODES, WINDOW_MODES
@@ -180,6 +180,8 @@ def check_call(query: Tensor, key: Tensor, value: Tensor, *, couplings, three_bo
                              f"or {query.shape[1]} query heads, got {tuple(couplings.shape)}")
     else:
         _check_couplings("couplings", couplings, query, S, 2)
+        if couplings is not None and modes.RECORDS[mode].weights is not None and not _skip_value_checks(couplings):
+            check_pairwise("couplings", couplings)  # a closed form solves nothing that would check them
     _check_couplings("three_body", three_body, query, S, 3)
 
 
@@ -192,21 +194,25 @@ def _skip_value_checks(x: Tensor) -> bool:
 
 
 def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
-                 couplings: tuple[tuple[str, Tensor], ...] = ()) -> None:
-    """NaN or inf, refused in every mode: in query and key for mode 'softmax', else in the field h they make
-    with the bias (also for mode 'h', the closed form), and in the named ``couplings`` (the module's own, whose
-    symmetry and zero diagonal hold by construction). value is used as given (a NaN propagates, as in SDPA).
-    One reduction per tensor (a finite sum proves every entry finite), then the check that
-    :func:`value_checks` chooses: by default a host read on CPU (only a sum that is not finite takes the
-    entry-wise checks, which name the tensor) and an asynchronous assert elsewhere. Skipped on meta tensors."""
+                 others: tuple[tuple[str, Tensor], ...] = ()) -> None:
+    """NaN or inf, refused in every mode, in every tensor that enters the scores or weights: query and key for
+    mode 'softmax', else the field h they make with the bias (also for mode 'h', the closed form), and the named
+    ``others`` (the couplings the module built, whose symmetry and zero diagonal hold by construction; a bias,
+    float attn_mask or position prior added to softmax's scores; a forget gate; a convolution's kernel). value is
+    used as given (a NaN propagates, as in SDPA). One reduction per tensor (a finite sum proves every entry
+    finite; summed in float32 at least, so that a half-precision sum of finite entries cannot overflow), then the
+    check that :func:`value_checks` chooses: by default a host read on CPU (only a sum that is not finite takes
+    the entry-wise checks, which name the tensor) and an asynchronous assert elsewhere. Skipped on meta
+    tensors."""
     if query.device.type == "meta" or checks.policy() == "off":
         return
     named = [("query", query), ("key", key)] if modes.RECORDS[mode].softmax else \
         [("the field h = scale * query.key + bias", field)]
-    named += list(couplings)
-    total = named[0][1].detach().sum()
+    named += list(others)
+    dtype = torch.promote_types(named[0][1].dtype, torch.float32)
+    total = named[0][1].detach().sum(dtype=dtype)
     for _, x in named[1:]:
-        total = total + x.detach().sum().to(total.dtype)
+        total = total + x.detach().sum(dtype=torch.promote_types(x.dtype, torch.float32)).to(dtype)
     if not checks.on_host(query.device):
         torch._assert_async(torch.isfinite(total), f"NaN or inf in {' or '.join(n for n, _ in named)} (mode "
                             f"{mode!r}); run under boltzmann_attention.validation.value_checks('host') for the "

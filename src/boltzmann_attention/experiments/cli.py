@@ -163,14 +163,31 @@ def main(argv=None) -> int:
         subparsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return _dispatch(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except ValueError as e:  # a bad option, file or config: a usage error
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
+    except OSError as e:  # a file that cannot be read or written: named
+        where = f"{e.filename}: " if e.filename is not None else ""
+        print(f"error: {where}{e.strerror or one_line(e)}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - failed runs of a sweep, errors of other libraries: one line each
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # one line, not the tracebacks of every frame and worker
         resume = " (the same command resumes: finished runs are kept, a killed one restarts from its checkpoint)" \
             if args.command in ("train", "sweep", "reproduce") else ""
         print(f"interrupted{resume}", file=sys.stderr)
         return 130
+
+
+def one_line(e: BaseException) -> str:
+    """An error's message on one line: its first line, then the others joined by '; ' (a sweep's failed runs, one
+    each)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    text = lines[0] + (" " + "; ".join(lines[1:]) if len(lines) > 1 else "")
+    return text if isinstance(e, (ValueError, OSError)) else f"{type(e).__name__}: {text}"
 
 
 def _add_executor_arguments(parser, default: str = "") -> None:
@@ -212,7 +229,7 @@ def _dispatch(args) -> int:
     from .train import check_output_folder
 
     if args.command == "train":
-        from .train import check_output_path, default_checkpoint, train, write_result
+        from .train import check_output_path, default_checkpoint, train
 
         cfg = TrainConfig.build(**{name: getattr(args, name) for name in FIELDS})
         # where `report` looks; the hash tells apart runs whose readable names agree (a full and a window h+J)
@@ -226,11 +243,13 @@ def _dispatch(args) -> int:
         result = train(cfg, checkpoint=checkpoint, checkpoint_interval=args.checkpoint_interval, out=out,
                        threads=args.threads)
         if result is not None:  # None on DDP ranks other than 0
-            write_result(result, out)
+            experiments.write_own_result(result, out, cfg)  # unless another config's result appeared meanwhile
             if not args.checkpoint:  # the default one has served its purpose
                 checkpoint.unlink(missing_ok=True)
             print(json.dumps(result["metrics"]), f"({result['wall_time_s']:.1f} s) -> {out}")
     elif args.command == "sweep":
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be an integer >= 1 (parallel processes), got {args.jobs}")
         grid = experiments.Grid(tuple(args.tasks), tuple(args.T), tuple(args.modes), tuple(args.methods),
                                 tuple(args.seeds), args.variant, _sweep_overrides(args.set))
         names = experiments.sweep([grid], check_output_folder(args.out, "results"), jobs=args.jobs,
@@ -242,6 +261,8 @@ def _dispatch(args) -> int:
                                   "report")
         print(f"report -> {_write_report(args.results, out)}")
     elif args.command == "reproduce":
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be an integer >= 1 (parallel processes), got {args.jobs}")
         _require("matplotlib", "scipy")
         name = args.profile
         if args.field_bias != DEFAULT_FIELD_BIAS:

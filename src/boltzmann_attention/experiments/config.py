@@ -284,6 +284,12 @@ class TrainConfig:
         if o.slot_bias_lr_multiplier != 1.0 and a.slot_bias is None:
             raise ValueError(f"slot_bias_lr_multiplier = {o.slot_bias_lr_multiplier:g} scales the slot bias's "
                              "learning rate, and this model has none: set slot_bias = W or keep it at 1")
+        record = modes.get(a.mode)
+        if o.coupling_lr_multiplier != 1.0 and not (record.couplings or record.three_body):
+            raise ValueError(f"coupling_lr_multiplier = {o.coupling_lr_multiplier:g} scales the learning rate of the "
+                             f"couplings J and K, and mode {a.mode!r} has none: keep it at 1, or use a mode with "
+                             "couplings (" + ", ".join(repr(n) for n, m in modes.RECORDS.items()
+                                                        if m.couplings or m.three_body) + ")")
         for name in ("min_fill", "max_fill", "open_probability"):
             _number(name, getattr(d, name), at_least=0.0, at_most=1.0)
         datasets.word_pairs(d.T, d.min_fill, d.max_fill)  # some word length fits at this T

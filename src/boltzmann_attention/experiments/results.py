@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import MeasureConfig, TrainConfig
-from .train.checkpoints import write_result
+from .train.checkpoints import result_lock, write_result
 
 ARCHIVE = "runs.jsonl.gz"  # every run's result, one JSON per line, written next to each report
 MODE_ORDER = ("softmax", "h+J", "h", "J", "h+K", "h+J+K")
@@ -197,7 +197,11 @@ def unpack_archive(archive: str | Path, results_dir: str | Path) -> list[Path]:
     written = []
     for r in runs:
         path = folder / f"{r.raw['run']}.json"
-        if not path.exists():
+        with result_lock(path):  # checked again: another writer may have been faster
+            if path.exists():
+                if json.loads(path.read_text()) != r.raw:
+                    raise ValueError(f"{path} already holds another result than {r.path}; it was not replaced")
+                continue
             write_result(r.raw, path)
             written.append(path)
     return written

@@ -27,8 +27,9 @@ from typing import NamedTuple
 import torch
 
 from .. import modes
+from ..validation import check_int
 from .results import MEASURED
-from .train import Analysis, TrainConfig, load_final, train, write_result
+from .train import Analysis, TrainConfig, load_final, result_lock, train, write_result
 
 DEFAULT_MODES = ("softmax", "h+J", "h", "J")  # the paper's four modes
 
@@ -118,6 +119,7 @@ CHECKPOINT_INTERVAL = 100  # steps: a killed run loses at most this many (saving
 def _run_one(args) -> tuple[str, str | None]:
     """Train one grid point; returns (name, None) or (name, error message). One failure does not stop a sweep."""
     name, cfg_dict, variant, analyses, out, threads, progress = args
+    before = torch.get_num_threads()  # restored: a run may share its caller's process (submitit's debug executor)
     torch.set_num_threads(threads)  # before any heavy work; the pool's children also inherit OMP_NUM_THREADS
     cfg = TrainConfig.from_dict(cfg_dict)
     out = Path(out)
@@ -126,10 +128,12 @@ def _run_one(args) -> tuple[str, str | None]:
     try:
         result = train(cfg, checkpoint=checkpoint, checkpoint_interval=CHECKPOINT_INTERVAL, progress=progress,
                        out=out / "runs" / f"{name}.json", analyses=analyses)
+        result.update(run=name, variant=variant)
+        write_own_result(result, out / "runs" / f"{name}.json", cfg)
     except Exception as e:  # reported by sweep(), which goes on with the other runs
         return name, f"{type(e).__name__}: {e}"
-    result.update(run=name, variant=variant)
-    write_result(result, out / "runs" / f"{name}.json")
+    finally:
+        torch.set_num_threads(before)
     final = out / "final" / f"{name}.pt"
     final.parent.mkdir(parents=True, exist_ok=True)
     if checkpoint.exists():
@@ -141,21 +145,33 @@ def _measure_kept(path: Path, kept: Path, analyses: tuple[Analysis, ...]) -> boo
     """Add to the finished run at ``path`` the analyses it applies to and has not recorded (or recorded in an
     older version), measured on its kept model; True if any was added."""
     raw = json.loads(path.read_text())
-    cfg = TrainConfig.from_dict(raw["config"])
+    cfg = _saved_config(path, raw)
     missing = [a for a in analyses if a.applies(cfg) and not (raw.get(a.name) and a.current(raw[a.name]))]
     if not missing or not kept.exists():
         return False
     task, model = load_final(kept)
-    write_result({**raw, **{a.name: a.run(model, task) for a in missing}}, path)
+    measured = {a.name: a.run(model, task) for a in missing}
+    with result_lock(path):  # another writer may have replaced the result meanwhile: then it is left alone
+        if json.loads(path.read_text()) != raw:
+            return False
+        write_result({**raw, **measured}, path)
     return True
+
+
+def _saved_config(path: Path, raw) -> TrainConfig:
+    """The config of the result ``raw`` read from ``path``; ValueError naming the file when it does not parse."""
+    try:
+        return TrainConfig.from_dict(raw["config"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: its config does not parse ({e}); nothing is replaced: move the file aside (a "
+                         "sweep then runs it again) or correct it") from None
 
 
 def same_config(path: Path, cfg: TrainConfig) -> None:
     """ValueError when the finished result at ``path`` was trained with another config than the grid's run of
     the same name: counting it as finished would report it under this run's name. The measurement settings
     (how often to evaluate, the memory probe) change what is recorded, not the trained model: not compared."""
-    saved = {k: v for k, v in TrainConfig.from_dict(json.loads(path.read_text())["config"]).flat().items()
-             if k not in MEASURED}
+    saved = {k: v for k, v in _saved_config(path, json.loads(path.read_text())).flat().items() if k not in MEASURED}
     wanted = {k: v for k, v in cfg.flat().items() if k not in MEASURED}
     if saved != wanted:
         diff = {k: (saved.get(k), v) for k, v in wanted.items() if saved.get(k) != v}
@@ -163,13 +179,42 @@ def same_config(path: Path, cfg: TrainConfig) -> None:
                          f"{diff}; nothing is replaced: move it aside, or write elsewhere (--out, or a variant)")
 
 
-def _set_aside(path: Path) -> Path:
-    """Rename a broken result to ``<name>.json.broken`` (``.broken-2``, ... if taken); nothing is deleted."""
-    target = path.with_name(path.name + ".broken")
+def write_own_result(result: dict, path: Path, cfg: TrainConfig) -> None:
+    """Write the result of a run of ``cfg`` to ``path``, unless a finished result of another config is there: two
+    sweeps (or a sweep and ``train``) of different configs may both have found the place free when they started.
+    The check and the write hold the folder's lock (:func:`.train.result_lock`), so of two writers the second sees
+    the first's result. Another config's result stays; this one is written beside it as ``<name>.json.conflict``
+    (``-2``, ... if taken) and a ValueError names both. A broken file there is kept as ``.broken``, as a sweep
+    keeps it."""
+    from .results import file_problems
+
+    with result_lock(path):
+        if path.exists():
+            if file_problems(path):
+                _set_aside(path)
+            else:
+                try:
+                    same_config(path, cfg)
+                except ValueError as e:
+                    aside = _free_name(path, "conflict")
+                    write_result(result, aside)
+                    raise ValueError(f"{e}. This run's result is kept as {aside}") from None
+        write_result(result, path)
+
+
+def _free_name(path: Path, suffix: str) -> Path:
+    """``<name>.<suffix>``, or ``<name>.<suffix>-2``, ... : the first that does not exist."""
+    target = path.with_name(f"{path.name}.{suffix}")
     n = 1
     while target.exists():
         n += 1
-        target = path.with_name(f"{path.name}.broken-{n}")
+        target = path.with_name(f"{path.name}.{suffix}-{n}")
+    return target
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename a broken result to ``<name>.json.broken`` (``.broken-2``, ... if taken); nothing is deleted."""
+    target = _free_name(path, "broken")
     path.rename(target)
     return target
 
@@ -213,6 +258,12 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
     if executor_options and executor == "processes":
         raise ValueError("executor_options apply to executor 'submitit' only; the local processes take --jobs and "
                          "--threads")
+    if executor == "processes":
+        check_int("jobs", jobs, 1)
+    if threads is not None:
+        check_int("threads", threads, 1)
+    if executor_options and "cpus_per_task" in executor_options:  # it sets each job's threads: checked now
+        check_int("executor option cpus_per_task", executor_options["cpus_per_task"], 1)
     out = Path(out)
     todo, seen, skipped, broken, unmeasured = [], set(), 0, [], []
     for grid in grids:
@@ -290,12 +341,15 @@ def _submitit_outcomes(todo: list, out: Path, options: dict, threads: int | None
     except ImportError:
         raise ValueError(f"executor 'submitit' needs submitit: {CLUSTER_EXTRA}") from None
     cluster = options.pop("cluster", None)
-    executor = submitit.AutoExecutor(folder=out / "submitit", cluster=cluster)
-    threads = threads if threads is not None else int(options.get("cpus_per_task", 1))
+    try:  # submitit's errors (unknown cluster, no Slurm here) as one line naming the option
+        executor = submitit.AutoExecutor(folder=out / "submitit", cluster=cluster)
+    except Exception as e:  # noqa: BLE001 - submitit raises RuntimeError, ValueError, ...
+        raise ValueError(f"executor option cluster={cluster!r}: {_first_line(e)}") from None
+    threads = threads if threads is not None else options.get("cpus_per_task", 1)
     try:
         executor.update_parameters(**options)
-    except (TypeError, ValueError) as e:  # submitit's own message names the unknown parameter
-        raise ValueError(f"executor_options {options}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - an unknown parameter is a NameError, a mistyped one an AssertionError
+        raise ValueError(f"executor_options {options}: {_first_line(e)}") from None
     tasks = [(name, cfg, variant, analyses, str(out), threads, False) for name, cfg, variant, analyses in todo]
     jobs = executor.map_array(_run_one, tasks)
     print(f"submitted {len(jobs)} run{'s' if len(jobs) != 1 else ''} through submitit "
@@ -305,8 +359,13 @@ def _submitit_outcomes(todo: list, out: Path, options: dict, threads: int | None
         try:
             outcomes.append(job.result())
         except Exception as e:  # the job itself failed, not the run inside it (that returns its error)
-            outcomes.append((name, f"job {job.job_id} failed: {type(e).__name__}: {str(e).splitlines()[0]}"))
+            outcomes.append((name, f"job {job.job_id} failed: {type(e).__name__}: {_first_line(e)}"))
     return outcomes
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 def _ignore_sigint() -> None:

@@ -343,6 +343,11 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
     if coupling in ("keys", "query"):
         raise ValueError(f"coupling={coupling!r} (couplings computed from the keys) is offered by BoltzmannAttention "
                          "only; convert() takes 'window', 'relative' or 'full'")
+    if coupling == "window" and not modes.RECORDS[mode].window:
+        default = "" if "coupling" in options else f" (convert()'s default: a window of {WINDOW} keys)"
+        raise ValueError(f"mode {mode!r} takes no coupled window, coupling='window'{default}; pass "
+                         "coupling='relative' (J = f(|j - k|), any length, up to coupling_range) or coupling='full' "
+                         "(a free J per pair of positions)")
     if modes.RECORDS[mode].marginals and coupling in ("full", "relative"):  # a method solves them: its limits
         record = ising.resolve_method(method)
         limit, most = record.spin_limit(method_options), record.bandwidth_limit(method_options)
@@ -385,8 +390,9 @@ def convert(model: PreTrainedModel, **options) -> PreTrainedModel:
     options: BoltzmannAttention's names and defaults: mode ('h', 'J', 'h+J'), coupling ('full', 'relative',
     'window'), coupling_window, coupling_window_relative, coupling_range, method, method_options,
     coupling_init_std, field_bias_init, learn_field_bias; except that the couplings default to a coupled window
-    of ``WINDOW`` = 16 keys (exact at any length), since full couplings stop at 24 positions. max_len is the
-    model's max_position_embeddings.
+    of ``WINDOW`` = 16 keys (exact at any length), since full couplings stop at 24 positions. A mode that takes
+    no window (the one-step control 'h+J-step') needs coupling='relative' or 'full'. max_len is the model's
+    max_position_embeddings.
     Everything is checked before the model is changed. The options are stored in
     ``model.config.boltzmann_attention`` (save_pretrained writes them; :func:`from_pretrained` reads them)
     and ``model.set_attn_implementation("boltzmann")`` selects :func:`attention_forward`; config.json records

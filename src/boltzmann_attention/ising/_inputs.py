@@ -36,6 +36,13 @@ def check_inputs(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | N
                          f"{getattr(h, 'dtype', '')}")
     if h.dim() < 1:
         raise ValueError("h must have at least one dimension (..., n)")
+    on_meta = [name for name, x in (("h", h), ("J", J), ("K", K), ("mask", mask))
+               if isinstance(x, Tensor) and x.device.type == "meta"]
+    if on_meta:
+        raise ValueError(f"{' and '.join(on_meta)} {'is a meta tensor' if len(on_meta) == 1 else 'are meta tensors'} "
+                         "(shapes without values), and marginals and log Z are computed from values: pass tensors "
+                         "on a real device (BoltzmannAttention and boltzmann_attention take meta tensors: shapes "
+                         "only, nothing solved)")
     n = h.shape[-1]
     _check_finite("h", h)
     batch = h.shape[:-1]
@@ -49,11 +56,7 @@ def check_inputs(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | N
         if J.dim() < 2 or J.shape[-2:] != (n, n):
             raise ValueError(f"J must have shape (..., {n}, {n}) to match h (..., {n}), got {tuple(J.shape)}")
         _broadcast_or_raise("J", J.shape[:-2], batch)
-        _check_finite("J", J)
-        if (J.diagonal(dim1=-2, dim2=-1) != 0).any():
-            raise ValueError("J must have a zero diagonal (s_j^2 = 1 makes J_jj a constant)")
-        if not torch.allclose(J, J.transpose(-1, -2), rtol=0, atol=_symmetry_tolerance(J)):
-            raise ValueError("J must be symmetric: J_jk and J_kj are the same coupling")
+        check_pairwise("J", J)
     if K is not None:
         if not isinstance(K, Tensor) or K.dtype != h.dtype:
             raise ValueError(f"K must be a tensor of h's dtype {h.dtype}")
@@ -75,6 +78,16 @@ def check_inputs(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | N
         if mask.dim() < 1 or mask.shape[-1] != n:
             raise ValueError(f"mask must have shape (..., {n}), got {tuple(mask.shape)}")
         _broadcast_or_raise("mask", mask.shape[:-1], batch)
+
+
+def check_pairwise(name: str, J: Tensor) -> None:
+    """ValueError naming ``name`` unless the couplings J (..., n, n) are finite, symmetric and have a zero
+    diagonal (host reads: for couplings given by the caller)."""
+    _check_finite(name, J)
+    if (J.diagonal(dim1=-2, dim2=-1) != 0).any():
+        raise ValueError(f"{name} must have a zero diagonal (s_j^2 = 1 makes J_jj a constant)")
+    if not torch.allclose(J, J.transpose(-1, -2), rtol=0, atol=_symmetry_tolerance(J)):
+        raise ValueError(f"{name} must be symmetric: J_jk and J_kj are the same coupling")
 
 
 def check_int(name: str, value, minimum: int = 0) -> int:

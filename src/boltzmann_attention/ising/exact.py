@@ -15,6 +15,9 @@ energy scale exceeds 2^13, are recomputed in float64, so the marginals match the
 any finite input; energies beyond float64's range raise a ValueError. Typical training values never reach
 the fallback. The energy convention is the package's (see :mod:`boltzmann_attention.naive`).
 
+float16 and bfloat16 inputs are enumerated in float32 (as the attention layer computes) and the results returned
+in the input's dtype.
+
 Limit: ``max_spins`` (default 24) present spins per query. The table holds 2^n entries per group
 (64 MB in float32 at n = 24) and the work per query is 2 * 2^n MACs.
 """
@@ -58,6 +61,9 @@ def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
 
 
 def _solve(h, J, K, mask, max_spins, mask_key=None):
+    if h.dtype in (torch.float16, torch.bfloat16):  # half precision cannot sum 2^n Boltzmann weights: float32
+        m, logz = _solve(*(None if x is None else x.float() for x in (h, J, K)), mask, max_spins, mask_key)
+        return m.to(h.dtype), logz.to(h.dtype)
     largest = h.shape[-1] if mask is None else planner.present_spins(mask, mask_key)
     if largest > max_spins:
         raise ValueError(

@@ -351,10 +351,24 @@ COMMANDS = {"methods": run_methods, "steps": run_steps, "approximations": run_ap
 
 
 def main(argv=None) -> None:
+    """Exit status 2 with one line for a bad argument (a ValueError), 1 with one line for any other error, 130 on
+    Ctrl-C."""
+    from ..cli import one_line
+
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_outputs(parser, args)
-    COMMANDS[args.command](args)
+    try:
+        COMMANDS[args.command](args)
+    except ValueError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as e:  # noqa: BLE001 - a failed measurement: one line, not a traceback
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from .checkpoints import (
     default_checkpoint,
     load_checkpoint,
     read_checkpoint,
+    result_lock,
     save_checkpoint,
     write_result,
 )
@@ -31,4 +32,4 @@ from .memory import memory_probe
 __all__ = ["CHECKPOINT_FORMAT", "Analysis", "Task", "TrainConfig", "Unconverged", "build_optimizer",
            "check_output_folder", "check_output_path", "default_checkpoint", "float32_list", "learned_priors",
            "load_checkpoint", "load_final", "marginals_method", "memory_probe", "model_config", "read_checkpoint",
-           "save_checkpoint", "setup_run", "train", "train_step", "write_result"]
+           "result_lock", "save_checkpoint", "setup_run", "train", "train_step", "write_result"]

@@ -17,6 +17,7 @@ import os
 import pickle
 import re
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,8 +26,13 @@ from torch import Tensor
 
 from ..config import TrainConfig
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: result writes take no lock
+    fcntl = None
+
 __all__ = ["CHECKPOINT_FORMAT", "check_output_folder", "check_output_path", "default_checkpoint", "load_checkpoint",
-           "read_checkpoint", "save_checkpoint", "write_result"]
+           "read_checkpoint", "result_lock", "save_checkpoint", "write_result"]
 
 CHECKPOINT_FORMAT = 2
 
@@ -179,6 +185,24 @@ def load_checkpoint(path: Path, cfg: TrainConfig, model, optimizer, scheduler, g
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"checkpoint {path} does not match the model: {e}") from None
     return step, history, float(elapsed)
+
+
+@contextmanager
+def result_lock(path: str | Path):
+    """An exclusive lock on the result files of ``path``'s folder for the block (``fcntl.flock`` on ``.lock`` in
+    it; processes and threads wait for each other), so that a check of the file there and the write that follows
+    see no other writer in between. Where fcntl is missing (not POSIX), no lock."""
+    folder = Path(path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    with open(folder / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def write_result(result: dict, path: str | Path) -> None:
