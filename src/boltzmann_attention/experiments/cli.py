@@ -15,6 +15,7 @@ from dataclasses import MISSING
 from pathlib import Path
 
 from .. import ising
+from ..provenance import package_version
 from .config import FIELDS, INITS, TASKS, TrainConfig
 from .recipes import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS
 from .results import config_hash
@@ -87,6 +88,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     from . import studies
 
     parser = argparse.ArgumentParser(prog="boltzmann-attention", description=__doc__.strip())
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sweep,report,reproduce}")
     defaults = argparse.ArgumentDefaultsHelpFormatter
 
