@@ -1,4 +1,5 @@
-"""What a wheel user gets besides the code: the version both commands print, and type information (py.typed)."""
+"""What a wheel user gets besides the code: the version both commands print, type information (py.typed) and a
+changelog with an entry for the version."""
 
 import re
 import shutil
@@ -57,3 +58,8 @@ def test_the_wheel_ships_py_typed(tmp_path):
                    cwd=tree, check=True, capture_output=True)
     (wheel,) = (tree / "dist").glob("*.whl")
     assert "boltzmann_attention/py.typed" in zipfile.ZipFile(wheel).namelist()
+
+
+def test_the_changelog_has_an_unreleased_section_then_one_for_the_version():
+    headings = re.findall(r"^## \[([^\]]+)\]", (REPO / "CHANGELOG.md").read_text(), re.M)
+    assert headings[0] == "Unreleased" and VERSION in headings
