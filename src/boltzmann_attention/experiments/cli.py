@@ -152,7 +152,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                               "finished (e.g. report/<profile>/runs.jsonl.gz, to go on with a committed study on "
                               "another machine); a different result already there is an error, nothing is replaced")
     p_repro.add_argument("--estimate-only", action="store_true",
-                         help="time the profile's step configurations, print the cost estimate and stop")
+                         help="time the profile's step configurations, print the cost estimate and stop "
+                              "(it writes nothing)")
     p_repro.add_argument("--no-estimate", dest="estimate", action="store_false",
                          help="start at once, without first timing two training steps of each of the profile's step "
                               "configurations for a cost estimate (the quick profile never times)")
