@@ -1,9 +1,13 @@
-"""Shared factories for random Ising inputs (float64 unless asked), and one torch thread per pytest-xdist worker
-(workers share the cores: more threads than cores make torch's OpenMP threads spin against each other)."""
+"""Shared factories for random Ising inputs (float64 unless asked), one torch thread per pytest-xdist worker
+(workers share the cores: more threads than cores make torch's OpenMP threads spin against each other), and the
+expectation that a report warns of the archives it reads that are missing."""
 
+import contextlib
 import itertools
 import os
+import re
 
+import pytest
 import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -31,10 +35,21 @@ def symmetric_three_body(n, *batch, scale=1.0, dtype=torch.float64, generator=No
 
 
 def _devices():
-    import pytest
-
     return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                  reason="no CUDA device"))]
 
 
 DEVICES = _devices()
+
+
+MISSING_ARCHIVE = r"reads the archive of profile '([^']+)' beside it, and .* does not exist"
+
+
+@contextlib.contextmanager
+def archives_missing(*profiles):
+    """Expect the reports written inside to warn that the archive beside them of each of ``profiles`` is missing
+    (the rows that come from it are left out), and of no other profile."""
+    with pytest.warns(UserWarning, match=MISSING_ARCHIVE) as caught:
+        yield
+    named = {m.group(1) for w in caught if (m := re.search(MISSING_ARCHIVE, str(w.message)))}
+    assert named == set(profiles)

@@ -4,6 +4,7 @@ import math
 from dataclasses import replace
 
 import pytest
+from conftest import archives_missing
 from test_report import shakespeare_val, write_run
 
 from boltzmann_attention.experiments import studies
@@ -80,7 +81,8 @@ def _plant(root):
 def test_report_on_planted_runs(tmp_path):
     _plant(tmp_path)
     assert study_of(Results(load_runs(tmp_path))) is baselines
-    text = write_report(tmp_path, tmp_path / "rep", D).read_text()
+    with archives_missing("full"):
+        text = write_report(tmp_path, tmp_path / "rep", D).read_text()
     assert "1.8800 ± 0.0100 (n=3) against nanoGPT's published ~1.88 (+0.0%)" in text
     assert "so **gpt2**." in text
     row = next(line for line in text.splitlines() if line.startswith("| 12 | softmax |"))
@@ -109,7 +111,8 @@ def _plant_ladder(root, gap_64000):
 @pytest.mark.parametrize("gap_64000, settled", [(1.0, True), (-1.0, False)])
 def test_training_length_rule(tmp_path, gap_64000, settled):
     _plant_ladder(tmp_path, gap_64000)
-    text = write_report(tmp_path, tmp_path / "rep", D).read_text()
+    with archives_missing("full"):
+        text = write_report(tmp_path, tmp_path / "rep", D).read_text()
     assert "16000 steps: softmax < h+J < h < J" in text
     assert ("**has settled**" in text) is settled and ("**has not settled**" in text) is not settled
     if not settled:
@@ -162,7 +165,8 @@ def test_fair_section_pairs_each_setting(tmp_path):
                   variant=G.variant("gpt2", D.best_lr["h+J"], steps) + "-jlr3",
                   val={**shakespeare_val(6.93 + 0.01 * seed), "ppl_last": last_as_default}, init="gpt2",
                   steps=steps, coupling_lr_multiplier=3.0)
-    text = write_report(tmp_path, tmp_path / "rep", D).read_text()
+    with archives_missing("full"):
+        text = write_report(tmp_path, tmp_path / "rep", D).read_text()
     section = text[text.index("## 6. The fair study"):]
     tables = [[line.split("|") for line in block.splitlines() if line.startswith(("| bias-", "| jlr"))]
               for block in section.split("\n\n") if "| setting |" in block]

@@ -4,6 +4,7 @@ import importlib
 from dataclasses import replace
 
 import pytest
+from conftest import archives_missing
 from test_report import brackets_metrics, write_run
 
 from boltzmann_attention.experiments import studies
@@ -65,10 +66,11 @@ ACCURACY = {"easy": 0.985, "dedup": 0.98, "deep": 0.96, "deep-long": 0.93, "deep
 def test_report_on_planted_runs(tmp_path):
     _plant(tmp_path, ACCURACY)
     assert study_of(Results(load_runs(tmp_path))) is brackets
-    text = write_report(tmp_path, tmp_path / "rep").read_text()
+    with archives_missing("full", "brackets-calibration"):
+        text = write_report(tmp_path, tmp_path / "rep").read_text()
+        agreeing = write_report(tmp_path, tmp_path / "rep", decided(chosen="deeper-long")).read_text()
     assert ("**Chosen: deeper-long** (89.00%) (CHOSEN in studies/brackets/decisions.json is still 'deep-long-300': "
             "set it to 'deeper-long' for the experiments)") in text  # the recorded decision differs from the rule's
-    agreeing = write_report(tmp_path, tmp_path / "rep", decided(chosen="deeper-long")).read_text()
     assert "**Chosen: deeper-long** (89.00%)." in agreeing
     row = next(line for line in text.splitlines() if line.startswith("| 3. deep-long |"))
     assert "| 93.00 ± 1.00 (n=3) | 73.00 ± 1.00 (n=3) | 92.00, 93.00, 94.00 |" in row
@@ -80,10 +82,12 @@ def test_report_on_planted_runs(tmp_path):
 
 def test_report_says_when_no_setting_fits_and_when_runs_are_missing(tmp_path):
     _plant(tmp_path, {**ACCURACY, "deep-long": 0.955, "deeper-long": 0.97, "deep-long-5k": 0.80})
-    text = write_report(tmp_path, tmp_path / "rep").read_text()
+    with archives_missing("full", "brackets-calibration"):
+        text = write_report(tmp_path, tmp_path / "rep").read_text()
     assert "**No setting lies in the band**" in text and "deep-long (95.50%), deep-long-5k (80.00%)" in text
     (tmp_path / "runs" / "brackets-T16-softmax-exact-cal-deep-s2.json").unlink()
-    text = write_report(tmp_path, tmp_path / "rep").read_text()
+    with archives_missing("full", "brackets-calibration"):
+        text = write_report(tmp_path, tmp_path / "rep").read_text()
     assert "Not applied yet: deep has not finished all 3 seeds" in text
 
 
@@ -227,7 +231,8 @@ def test_lr_section_applies_the_rule(tmp_path):
     assert study_of(res) is brackets
     assert R.decide_learning_rates(res, d) == {"softmax": (3e-3, None), "h": (1e-2, 3e-2),
                                                       "h+J": (3e-3, None)}
-    text = write_report(tmp_path, tmp_path / "rep", d).read_text()
+    with archives_missing("full", "brackets-calibration"):
+        text = write_report(tmp_path, tmp_path / "rep", d).read_text()
     assert "## Stage 1: each mode's learning rate" in text and "## Calibration" not in text
     assert "| softmax | **0.003** | 88.00 ± 1.00 (n=3) | 58.00 ± 1.00 (n=3) | 87.00, 88.00, 89.00 |" in text
     assert "| h+J | 0.01 | 89.40 ± 1.00 (n=3) | 59.40 ± 1.00 (n=3) |" in text  # 0.4 points ahead: tied
@@ -249,7 +254,8 @@ def test_stage_one_says_whether_softmax_reproduces_the_calibration(tmp_path):
         write_run(calibration, "brackets", 16, "softmax", seed, variant=setting.variant, val=m, test=m, lr=3e-3,
                   **setting.overrides)
     write_archive(load_runs(calibration), calibration)
-    text = write_report(tmp_path / "results", tmp_path / "report" / "brackets-hard").read_text()
+    with archives_missing("full"):  # the calibration's archive is there
+        text = write_report(tmp_path / "results", tmp_path / "report" / "brackets-hard").read_text()
     assert "its validation accuracy (seeds 0, 1, 2) differs from them by up to 0.25 points" in text
 
 
@@ -287,7 +293,8 @@ def test_stage_two_report_on_planted_runs(tmp_path):
             write_run(easy, "brackets", 16, mode, seed, val=brackets_metrics(acc),
                       test=brackets_metrics(acc + 0.001 * seed), init="torch")
     write_archive(load_runs(easy), easy)
-    text = write_report(results, tmp_path / "report" / "brackets-hard", d).read_text()
+    with archives_missing("brackets-calibration"):  # report/full's is there
+        text = write_report(results, tmp_path / "report" / "brackets-hard", d).read_text()
     row = [c.strip() for c in _row(text, "### With the FFN", "| 16 | h+J |")]
     assert row[:5] == ["16", "h+J", "0.003", "90.00 ± 1.58 (n=5)", "60.00 ± 1.58 (n=5)"]
     assert row[5] == row[6] == "+2.00 [+2.00, +2.00]**"          # against softmax, both metrics

@@ -248,14 +248,16 @@ def test_reproduce_says_what_its_runs_will_cost_before_it_starts(tmp_path, capsy
     from boltzmann_attention.experiments import studies
     from boltzmann_attention.experiments import sweep as sweep_module
 
+    monkeypatch.chdir(tmp_path)
     tiny = dict(steps=3, batch_size=2, d_model=8, d_ff=8, warmup_steps=0, eval_interval=3)
     grids = [sweep_module.Grid(("brackets",), (4,), ("softmax", "h"), seeds=(0, 1), overrides=tiny)]
     message = cli._estimate(grids, tmp_path, jobs=2)
-    assert message.startswith("4 runs to do: about ") and "of their 2 step configurations" in message
+    assert message.startswith("4 runs to do: under a minute of one core, under a minute with 2 jobs, ")
+    assert "of their 2 step configurations" in message
     monkeypatch.setattr(studies, "profile", lambda name, field_bias: grids)
     monkeypatch.setattr(sweep_module, "sweep", lambda grids, out, jobs=1, dry_run=False, **executor: [])
     monkeypatch.setattr(cli, "_write_report", lambda results, out: out)
-    monkeypatch.setattr(cli, "_estimate", lambda grids, out, jobs: "ESTIMATE")
+    monkeypatch.setattr(cli, "_estimate", lambda grids, out, jobs, finished=(): "ESTIMATE")
     assert cli.main(["reproduce", "--profile", "fair", "--out", str(tmp_path / "r")]) == 0
     assert "ESTIMATE" in capsys.readouterr().out
     assert cli.main(["reproduce", "--profile", "fair", "--out", str(tmp_path / "r"), "--no-estimate"]) == 0
@@ -264,6 +266,67 @@ def test_reproduce_says_what_its_runs_will_cost_before_it_starts(tmp_path, capsy
     assert cli.main(["reproduce", "--profile", "quick", "--out", str(tmp_path / "q"), "--estimate-only"]) == 0
     assert capsys.readouterr().out.strip() == "ESTIMATE"  # the quick profile too, when asked; then it stops
     assert cli.main(["reproduce", "--profile", "fair", "--estimate-only", "--no-estimate"]) == 2
+    assert not (tmp_path / "q").exists() and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("step_s, one_core, two_jobs", [
+    (0.5, "under a minute", "under a minute"),
+    (100.0, "about 20 min", "about 10 min"),  # 4 runs x 3 steps x 100 s = 1200 s
+    (300.0, "about 1.0 h", "about 30 min"),
+    (1000.0, "about 3.3 h", "about 1.7 h")])
+def test_an_estimate_under_an_hour_is_in_minutes(tmp_path, monkeypatch, step_s, one_core, two_jobs):
+    from boltzmann_attention.experiments import sweep as sweep_module
+    from boltzmann_attention.experiments.benchmarks import training
+
+    monkeypatch.setattr(training, "time_steps", lambda configs, **_: {name: [step_s] for name in configs})
+    grids = [sweep_module.Grid(("brackets",), (4,), ("softmax", "h"), seeds=(0, 1),
+                               overrides=dict(steps=3, warmup_steps=0))]
+    message = cli._estimate(grids, tmp_path, jobs=2)
+    assert message.startswith(f"4 runs to do: {one_core} of one core, {two_jobs} with 2 jobs, ")
+    one = cli._estimate(grids, tmp_path, jobs=1, finished={name for name, _ in grids[0].runs()[1:]})
+    assert one.startswith("1 run to do: ") and "with 1 job, " in one and "their 1 step configuration " in one
+
+
+def test_estimate_only_writes_nothing_and_counts_an_archive_to_resume_from(tmp_path, monkeypatch, capsys):
+    """No results or report folder is created, and --resume-from's archive is read, not unpacked: its runs are
+    left out of the estimate."""
+    from test_report import brackets_metrics, write_run
+
+    from boltzmann_attention.experiments import studies
+    from boltzmann_attention.experiments import sweep as sweep_module
+    from boltzmann_attention.experiments.results import load_runs, write_archive
+
+    monkeypatch.chdir(tmp_path)
+    grids = [sweep_module.Grid(("brackets",), (4,), ("softmax",), seeds=(0, 1),
+                               overrides=dict(steps=3, warmup_steps=0))]
+    monkeypatch.setattr(studies, "profile", lambda name, field_bias: grids)
+    seen = {}
+    monkeypatch.setattr(cli, "_estimate", lambda grids, out, jobs, finished=(): seen.update(finished=finished) or "E")
+    write_run(tmp_path / "old", "brackets", 4, "softmax", 0, val=brackets_metrics(0.9))
+    archive = write_archive(load_runs(tmp_path / "old"), tmp_path / "old")
+    before = sorted(tmp_path.rglob("*"))
+    assert cli.main(["reproduce", "--profile", "fair", "--estimate-only"]) == 0
+    assert cli.main(["reproduce", "--profile", "fair", "--estimate-only", "--resume-from", str(archive)]) == 0
+    assert sorted(tmp_path.rglob("*")) == before  # no results/ or report/ folder, nothing unpacked
+    assert seen["finished"] == {r.raw["run"] for r in load_runs(archive)} and seen["finished"]
+    (tmp_path / "results").write_text("a file where the results folder goes")
+    assert cli.main(["reproduce", "--profile", "fair", "--estimate-only"]) == 2
+    assert "results is not a folder" in capsys.readouterr().err
+
+
+def test_run_counts_agree_with_their_number(tmp_path, monkeypatch, capsys):
+    from boltzmann_attention.experiments import sweep as sweep_module
+    from boltzmann_attention.experiments.progress import progress
+
+    monkeypatch.setattr(sweep_module, "sweep", lambda grids, out, jobs=1, **executor: ["one"])
+    assert cli.main(["sweep", "--tasks", "brackets", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == f"1 run done -> {tmp_path}/runs"
+    monkeypatch.setattr(sweep_module, "sweep", lambda grids, out, jobs=1, **executor: ["one", "two"])
+    assert cli.main(["sweep", "--tasks", "brackets", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == f"2 runs done -> {tmp_path}/runs"
+    for _ in progress([0], desc="sweep", unit="run"):
+        pass
+    assert capsys.readouterr().err.strip() == "sweep: 1/1 run"
 
 
 def test_train_takes_its_checkpoint_interval(tmp_path, monkeypatch):

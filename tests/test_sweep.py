@@ -241,7 +241,7 @@ def test_a_run_that_fails_inside_a_submitit_job_is_reported_like_a_local_one(tmp
     (tmp_path / "checkpoints").mkdir()
     grid = Grid(("brackets",), (4,), modes=("h",), seeds=(0,), overrides=TINY)
     (tmp_path / "checkpoints" / f"{run_name(grid.runs()[0][1])}.pt").write_text("not a checkpoint")
-    with pytest.raises(RuntimeError, match="1 of 1 runs failed"):
+    with pytest.raises(RuntimeError, match="1 of 1 run failed"):
         sweep([grid], tmp_path, executor="submitit", executor_options={"cluster": "local"})
 
 

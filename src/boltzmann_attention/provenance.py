@@ -10,6 +10,19 @@ from pathlib import Path
 import torch
 
 
+def package_version() -> str:
+    """This package's version: its installed metadata's, else ``boltzmann_attention.__version__`` (a source tree
+    on the path that was never installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("boltzmann-attention")
+    except metadata.PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
 def git_commit() -> str:
     """Short hash of the checkout this package runs from, with '-dirty' if tracked files are modified."""
     here = Path(__file__).parent

@@ -15,10 +15,12 @@ from dataclasses import MISSING
 from pathlib import Path
 
 from .. import ising
+from ..provenance import package_version
 from .config import FIELDS, INITS, TASKS, TrainConfig
 from .recipes import DEFAULT_FIELD_BIAS, FIELD_BIASES, PAPER_FIELD_BIAS
 from .results import config_hash
 from .sweep import CLUSTER_EXTRA, EXECUTORS, run_name
+from .tables import plural
 
 CHOICES = {"method": tuple(sorted(ising.METHODS))}  # choices not written on the field itself
 
@@ -86,6 +88,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     from . import studies
 
     parser = argparse.ArgumentParser(prog="boltzmann-attention", description=__doc__.strip())
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sweep,report,reproduce}")
     defaults = argparse.ArgumentDefaultsHelpFormatter
 
@@ -149,7 +152,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                               "finished (e.g. report/<profile>/runs.jsonl.gz, to go on with a committed study on "
                               "another machine); a different result already there is an error, nothing is replaced")
     p_repro.add_argument("--estimate-only", action="store_true",
-                         help="time the profile's step configurations, print the cost estimate and stop")
+                         help="time the profile's step configurations, print the cost estimate and stop "
+                              "(it writes nothing)")
     p_repro.add_argument("--no-estimate", dest="estimate", action="store_false",
                          help="start at once, without first timing two training steps of each of the profile's step "
                               "configurations for a cost estimate (the quick profile never times)")
@@ -254,7 +258,7 @@ def _dispatch(args) -> int:
                                 tuple(args.seeds), args.variant, _sweep_overrides(args.set))
         names = experiments.sweep([grid], check_output_folder(args.out, "results"), jobs=args.jobs,
                                   **_executor(args))
-        print(f"{len(names)} runs done -> {args.out}/runs")
+        print(f"{plural(len(names), 'run')} done -> {args.out}/runs")
     elif args.command == "report":
         _require("matplotlib", "scipy")
         out = check_output_folder(getattr(args, "out", None) or Path("report") / Path(args.results).resolve().name,
@@ -273,22 +277,27 @@ def _dispatch(args) -> int:
                 raise ValueError(f"the {args.profile} profile compares the inits itself; drop --init")
             grids = experiments.with_overrides(grids, init=args.init)
             name += f"-init-{args.init}"
-        out = check_output_folder(args.out or f"results/{name}", "results")
-        report = check_output_folder(args.report or f"report/{name}", "report")  # both before any run
+        if args.estimate_only and not args.estimate:
+            raise ValueError("--estimate-only and --no-estimate contradict each other")
+        # both checked before any run; --estimate-only creates neither
+        out = check_output_folder(args.out or f"results/{name}", "results", create=not args.estimate_only)
+        report = check_output_folder(args.report or f"report/{name}", "report", create=not args.estimate_only)
+        if args.estimate_only:  # writes nothing: the runs of --resume-from's archive count as finished
+            from .results import load_runs
+
+            archived = {r.raw.get("run") for r in load_runs(args.resume_from)} if args.resume_from else set()
+            print(_estimate(grids, out, args.jobs, finished=archived), flush=True)
+            return 0
         if args.resume_from is not None:
             from .results import unpack_archive
 
             written = unpack_archive(args.resume_from, out)
-            print(f"unpacked {len(written)} runs of {args.resume_from} into {out}/runs", flush=True)
-        if args.estimate_only and not args.estimate:
-            raise ValueError("--estimate-only and --no-estimate contradict each other")
-        if args.estimate_only or (args.estimate and args.profile != "quick"):
+            print(f"unpacked {plural(len(written), 'run')} of {args.resume_from} into {out}/runs", flush=True)
+        if args.estimate and args.profile != "quick":
             print(_estimate(grids, out, args.jobs), flush=True)
-        if args.estimate_only:
-            return 0
         start = time.perf_counter()
         names = experiments.sweep(grids, out, jobs=args.jobs, **_executor(args))
-        print(f"{len(names)} runs in {time.perf_counter() - start:.0f} s -> {out}/runs")
+        print(f"{plural(len(names), 'run')} in {time.perf_counter() - start:.0f} s -> {out}/runs")
         print(f"report -> {_write_report(out, report)}")
     return 0
 
@@ -298,8 +307,9 @@ def _executor(args) -> dict:
     return {"executor": args.executor, "executor_options": options}
 
 
-def _estimate(grids, out: Path, jobs: int) -> str:
-    """The cost of the runs still to do, from two training steps of each distinct step configuration timed now."""
+def _estimate(grids, out: Path, jobs: int, finished: frozenset[str] | set[str] = frozenset()) -> str:
+    """The cost of the runs still to do (neither in ``out`` nor named in ``finished``), from two training steps of
+    each distinct step configuration timed now."""
     import statistics
 
     import torch
@@ -307,7 +317,7 @@ def _estimate(grids, out: Path, jobs: int) -> str:
     from . import sweep as experiments
     from .benchmarks.training import step_key, time_steps
 
-    todo = set(experiments.sweep(grids, out, dry_run=True))
+    todo = set(experiments.sweep(grids, out, dry_run=True)) - set(finished)
     runs = {name: cfg for grid in grids for name, cfg in grid.runs() if name in todo}
     if not runs:
         return "nothing to run: every run of the profile has a finished result"
@@ -321,10 +331,19 @@ def _estimate(grids, out: Path, jobs: int) -> str:
     finally:
         torch.set_num_threads(threads)
     step_s = {k: statistics.median(times[name]) for k, (name, _) in timed.items()}
-    hours = sum(cfg.steps * step_s[key(cfg)] for cfg in runs.values()) / 3600
-    return (f"{len(runs)} runs to do: about {hours:.1f} h of one core, {hours / max(1, jobs):.1f} h with {jobs} "
-            f"job(s), from 2 training steps of each of their {len(timed)} step configurations timed now (steps "
-            "only: evaluations, memory probes and the machine's load add to it; --no-estimate skips this)")
+    seconds = sum(cfg.steps * step_s[key(cfg)] for cfg in runs.values())
+    return (f"{plural(len(runs), 'run')} to do: {_cost(seconds)} of one core, {_cost(seconds / max(1, jobs))} with "
+            f"{plural(jobs, 'job')}, from 2 training steps of each of their {plural(len(timed), 'step configuration')}"
+            " timed now (steps only: evaluations, memory probes and the machine's load add to it; --no-estimate "
+            "skips this)")
+
+
+def _cost(seconds: float) -> str:
+    """An estimated time: in minutes under an hour, else in hours to a tenth."""
+    minutes = round(seconds / 60)
+    if minutes == 0:
+        return "under a minute"
+    return f"about {minutes} min" if minutes < 60 else f"about {seconds / 3600:.1f} h"
 
 
 def _write_report(results, out) -> Path:

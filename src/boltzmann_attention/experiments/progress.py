@@ -30,7 +30,8 @@ class _Plain:
             tenth = 10 * self.n // self.total
             if tenth > self._shown:
                 self._shown = tenth
-                print(f"{self.desc}: {self.n}/{self.total} {self.unit}s", file=sys.stderr, flush=True)
+                unit = self.unit if self.total == 1 else f"{self.unit}s"
+                print(f"{self.desc}: {self.n}/{self.total} {unit}", file=sys.stderr, flush=True)
 
     def set_postfix(self, **_) -> None:
         pass

@@ -299,7 +299,8 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
         outcomes = _submitit_outcomes(todo, out, dict(executor_options or {}), threads)
         failures = [f"{name}: {error}" for name, error in outcomes if error]
         if failures:
-            raise RuntimeError(f"{len(failures)} of {len(todo)} runs failed:\n" + "\n".join(failures))
+            raise RuntimeError(f"{len(failures)} of {len(todo)} run{'s' if len(todo) != 1 else ''} failed:\n"
+                               + "\n".join(failures))
         return [t[0] for t in todo]
     threads = threads_per_run(jobs, threads)
     if jobs > available_cores():
@@ -329,7 +330,8 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
                     os.environ[k] = v
     failures = [f"{name}: {error}" for name, error in outcomes if error]
     if failures:
-        raise RuntimeError(f"{len(failures)} of {len(tasks)} runs failed:\n" + "\n".join(failures))
+        raise RuntimeError(f"{len(failures)} of {len(tasks)} run{'s' if len(tasks) != 1 else ''} failed:\n"
+                           + "\n".join(failures))
     return [t[0] for t in todo]
 
 

@@ -22,6 +22,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from ...provenance import package_version
 from ..tables import plural
 from ..train import check_output_path
 from . import approximations, dqa, layers, training
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="boltzmann-attention-bench", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:10]))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = _command(sub, "methods", "fwd+bwd time and peak memory of each marginal method inside attention, the "

@@ -61,10 +61,17 @@ def check_output_path(path: str | Path, what: str = "output") -> Path:
     return path
 
 
-def check_output_folder(path: str | Path, what: str = "output") -> Path:
+def check_output_folder(path: str | Path, what: str = "output", create: bool = True) -> Path:
     """Create the folder ``path`` (and its parents) if missing; ValueError naming it when that cannot be done
-    (a regular file in the way, no permission, a name too long). Returns ``path`` as a Path."""
+    (a regular file in the way, no permission, a name too long). With ``create`` False nothing is written: only
+    a file where the folder or one of its parents would be is an error. Returns ``path`` as a Path."""
     path = Path(path)
+    if not create:
+        existing = next((p for p in (path, *path.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            where = "it" if existing == path else str(existing)
+            raise ValueError(f"cannot use {path} as the {what} folder: {where} is not a folder")
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (OSError, ValueError) as e:
