@@ -26,7 +26,7 @@ def test_train_help_shows_choices_defaults_and_help(capsys):
         cli.main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     for text in ("{shakespeare,brackets,blocks}", "{softmax,h,J,h+J,h+K,h+J+K,h+J-step,fox,stickbreaking,mta}",
-                 "{torch,gpt2}", "{full,relative,window}", "--learn-field-bias {true,false}",
+                 "{torch,gpt2}", "{full,relative,window,keys,query}", "--learn-field-bias {true,false}",
                  "peak learning rate (AdamW) (default: 0.003)", "(default: -log(T) / 2)", "exact,gibbs"):
         assert text in out, text
 
@@ -418,7 +418,7 @@ def _failing_sweep(tmp_path) -> list[str]:
 
 SWEEP = ["sweep", "--tasks", "brackets", "--T", "4", "--modes", "h", "--seeds", "0", "--executor", "submitit"]
 CLI_ERRORS = {  # argv (OUT: the test's folder), exit status, what the line names
-    "a failed run": (None, 1, r"^error: RuntimeError: 1 of 1 runs failed: brackets-T4-h-exact-base-s0: ValueError: "
+    "a failed run": (None, 1, r"^error: RuntimeError: 1 of 1 run failed: brackets-T4-h-exact-base-s0: ValueError: "
                               r"checkpoint .*brackets-T4-h-exact-base-s0.pt is corrupted"),
     "an unknown executor option": ([*SWEEP, "--executor-option", "cluster=local", "bogus=1"], 2,
                                    r"^error: executor_options \{'bogus': 1\}: Parameter 'bogus'"),

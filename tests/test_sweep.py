@@ -259,7 +259,7 @@ def test_two_sweeps_of_different_configs_never_replace_each_others_result(tmp_pa
         return real_train(cfg, **kwargs)
 
     monkeypatch.setattr(sweep_module, "train", interleaved)
-    with pytest.raises(RuntimeError, match=rf"1 of 1 runs failed:\n{name}: ValueError: .*holds a run of another "
+    with pytest.raises(RuntimeError, match=rf"1 of 1 run failed:\n{name}: ValueError: .*holds a run of another "
                                            rf"config .*'d_ff': \(32, 16\).* kept as .*{name}.json.conflict"):
         sweep([mine], tmp_path)
     path = tmp_path / "runs" / f"{name}.json"

@@ -85,30 +85,32 @@ def _solve(h, J, K, mask, bandwidth, max_bandwidth, *, marginals: bool):
 
 
 def _recursion(field: Tensor, band: Tensor, w: int, marginals: bool) -> tuple[Tensor | None, Tensor]:
-    """field (Q, n), band (Q, n, w) -> (marginals (Q, n) or None, log Z (Q,) including 2^w virtual states)."""
+    """field (Q, n), band (Q, n, w) -> (marginals (Q, n) or None, log Z (Q,) including 2^w virtual states).
+
+    States are numbered by their spins as bits, the newest spin the leading one: x = (s_{p-1}, ..., s_{p-w}) before
+    spin p, so the state after it is (s_p, r) with r = x >> 1, and the pairs (r, o) are adjacent entries."""
     Q, n = field.shape
-    signs = _signs(w, field.dtype, field.device)                # (2^w, w): column d - 1 holds s_{p-d}
-    local = field[..., None] + band @ signs.T                     # (Q, n, 2^w): field on s_p given the state
     half = 1 << (w - 1)
-    alpha = [field.new_zeros(Q, 1 << w)]                          # the virtual start: every state, weight 1
+    local = field[..., None] + band @ _signs(w, field.dtype, field.device).T  # (Q, n, 2^w): the field on s_p
+    steps = local.unbind(1)  # one view per spin (indexing local[:, p] would cost a full-size gradient each)
+    alpha = [field.new_zeros(Q, 1 << w)]  # the virtual start: weight 1 each
     for p in range(n):
-        a = alpha[-1]
-        plus = torch.logsumexp((a + local[:, p]).view(Q, half, 2), -1)
-        minus = torch.logsumexp((a - local[:, p]).view(Q, half, 2), -1)
-        alpha.append(torch.cat([minus, plus], -1))               # new state: s_p is its leading bit
+        a, l = alpha[-1], steps[p]
+        plus, minus = a + l, a - l
+        alpha.append(torch.cat([torch.logaddexp(minus[:, 0::2], minus[:, 1::2]),
+                                torch.logaddexp(plus[:, 0::2], plus[:, 1::2])], -1))
     logz = torch.logsumexp(alpha[-1], -1)
     if not marginals:
         return None, logz
-    up, down = _next_states(w, field.device)
-    beta = field.new_zeros(Q, 1 << w)
-    m = [None] * n
-    for p in range(n - 1, -1, -1):
-        a, l = alpha[p], local[:, p]
-        plus = a + l + beta[:, up]
-        minus = a - l + beta[:, down]
-        m[p] = torch.tanh((torch.logsumexp(plus, -1) - torch.logsumexp(minus, -1)) / 2)
-        beta = torch.logaddexp(l + beta[:, up], -l + beta[:, down])
-    return torch.stack(m, -1), logz
+    beta = [field.new_zeros(Q, 1 << w)]  # after the last spin; then back to the state after spin 0
+    for p in range(n - 1, 0, -1):
+        b, l = beta[-1], steps[p]
+        up = b[:, half:].repeat_interleave(2, -1)  # s_p = +1 after state x: (+1, x >> 1)
+        down = b[:, :half].repeat_interleave(2, -1)
+        beta.append(torch.logaddexp(l + up, down - l))
+    posterior = torch.stack(alpha[1:], 1) + torch.stack(beta[::-1], 1)  # (Q, n, 2^w): the state after spin p
+    plus, minus = torch.logsumexp(posterior[..., half:], -1), torch.logsumexp(posterior[..., :half], -1)
+    return torch.tanh((plus - minus) / 2), logz
 
 
 @cache
@@ -120,13 +122,6 @@ def _signs_cpu(w: int, dtype: torch.dtype) -> Tensor:
 
 def _signs(w: int, dtype: torch.dtype, device) -> Tensor:
     return _signs_cpu(w, dtype).to(device)
-
-
-def _next_states(w: int, device) -> tuple[Tensor, Tensor]:
-    """For each state x = (s_{p-1}, ..., s_{p-w}): the state after adding s_p = +1 and s_p = -1."""
-    x = torch.arange(1 << w, device=device)
-    r = x >> 1
-    return r + (1 << (w - 1)), r
 
 
 def _band(J: Tensor, w: int) -> Tensor:

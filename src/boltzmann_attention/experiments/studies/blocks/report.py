@@ -138,7 +138,10 @@ def findings(errors: dict[str, dict[int, float]], d: Decisions) -> list[str]:
 def report(res: Results, context: ReportContext) -> list[str]:
     d = context.decisions
     lines = header_section(res, context.results_dir)
-    lines += [protocol_sections(context.protocol)[""], ""]
+    sections = protocol_sections(context.protocol)
+    lines += [sections[""], ""]
+    correction = sections.get("Corrections (after the runs)")
+    lines += ["## Corrections (after the runs)", "", correction, ""] if correction else []
     lines += calibration_section(res, d)
     lines += lr_section(res, d)
     errors = test_errors(res, d)
