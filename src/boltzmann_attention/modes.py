@@ -71,7 +71,9 @@ def _one_step(field: torch.Tensor, couplings: torch.Tensor, mask: torch.Tensor |
     """sigmoid(2 (h_j + sum_k J_jk m0_k)), m0 = tanh(h) on the present keys: one mean-field step from the free
     spins, which mixes neighbouring scores through J and solves no Ising system."""
     m0 = torch.tanh(field) if mask is None else torch.tanh(field) * mask
-    if couplings.dim() == 5:  # per sequence and query row, (B, H, 1 or L, S, S): couplings from content
+    if couplings.dim() == 5 and couplings.shape[-3] == 1:  # one J per sequence and head, (B, H, 1, S, S)
+        return torch.sigmoid(2 * (field + m0 @ couplings.squeeze(-3)))
+    if couplings.dim() == 5:  # a J per query row, (B, H, L, S, S): couplings from content
         return torch.sigmoid(2 * (field + (m0.unsqueeze(-2) @ couplings).squeeze(-2)))
     return torch.sigmoid(2 * (field + m0 @ couplings))  # (..., H, L, S) @ (H, S, S); J symmetric
 
