@@ -21,8 +21,10 @@ def _banded_per_query(shape, n, w, scale=0.7, seed=0):
     return (W + W.transpose(-1, -2)) / 2
 
 
-MASKS = {"none": None, "causal": torch.ones(4, 9, dtype=torch.bool).tril(5),
-         "holes": torch.rand(2, 3, 4, 9, generator=torch.Generator().manual_seed(1)) > 0.3}
+_HOLES = torch.rand(2, 3, 4, 9, generator=torch.Generator().manual_seed(1)) > 0.3
+_HOLES[0, 0, 0] = False  # a query with no spin at all
+_HOLES[0, 0, 1] = torch.arange(9) == 8  # one whose only spin is the last
+MASKS = {"none": None, "causal": torch.ones(4, 9, dtype=torch.bool).tril(5), "holes": _HOLES}
 
 
 @pytest.mark.parametrize("mask", MASKS, ids=str)

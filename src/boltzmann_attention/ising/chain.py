@@ -25,6 +25,7 @@ is refused (on the host, or by an asynchronous assert where checks do not read t
 
 from __future__ import annotations
 
+import bisect
 import math
 from functools import cache
 
@@ -76,41 +77,74 @@ def _solve(h, J, K, mask, bandwidth, max_bandwidth, *, marginals: bool):
         back = F.pad(present, (w, 0))
         band = band * torch.stack([back[..., w - d:w - d + n] for d in range(1, w + 1)], -1) * present[..., None]
     band = band.expand(*shape, n, w)
-    m, logz = _recursion(field.reshape(-1, n), band.reshape(-1, n, w), w, marginals)
+    field, band = field.reshape(-1, n), band.reshape(-1, n, w)
+    Q = field.shape[0]
+    if present is None:
+        lengths, order = [n] * Q, None
+    else:  # a query's chain stops at its last present spin (a causal mask halves the work); longest first
+        flat = present.reshape(-1, n)
+        length = torch.where(flat.any(-1), n - flat.flip(-1).to(torch.uint8).argmax(-1), 0)
+        order = torch.argsort(length, descending=True, stable=True)
+        lengths = length[order].tolist()  # read on the host: the steps each query takes
+        field, band = field[order], band[order]
+    m, logz = _recursion(field, band, w, marginals, lengths)
+    if order is not None:
+        inverse = torch.argsort(order)
+        m, logz = (None if m is None else m[inverse]), logz[inverse]
     if not marginals:
         logz = logz.reshape(shape) - math.log(2.0) * w  # the w virtual spins the chain starts from
-        return logz if present is None else logz - math.log(2.0) * (~present).sum(-1).to(logz.dtype)
+        if present is None:
+            return logz
+        holes = length.reshape(shape) - present.sum(-1)  # absent spins before the last present one: free, log 2
+        return logz - math.log(2.0) * holes.to(logz.dtype)
     m = m.reshape(*shape, n)
     return m if present is None else m * present
 
 
-def _recursion(field: Tensor, band: Tensor, w: int, marginals: bool) -> tuple[Tensor | None, Tensor]:
-    """field (Q, n), band (Q, n, w) -> (marginals (Q, n) or None, log Z (Q,) including 2^w virtual states).
+def _recursion(field: Tensor, band: Tensor, w: int, marginals: bool, lengths: list[int]
+               ) -> tuple[Tensor | None, Tensor]:
+    """field (Q, n), band (Q, n, w), each query's chain length (non-increasing, at most n) -> (marginals (Q, n) or
+    None, 0 beyond each chain; log Z (Q,) of each chain, including its 2^w virtual start states).
 
     States are numbered by their spins as bits, the newest spin the leading one: x = (s_{p-1}, ..., s_{p-w}) before
-    spin p, so the state after it is (s_p, r) with r = x >> 1, and the pairs (r, o) are adjacent entries."""
+    spin p, so the state after it is (s_p, r) with r = x >> 1, and the pairs (r, o) are adjacent entries. At step p
+    the queries whose chains reach p are a prefix of the batch: ``active[p]`` of them."""
     Q, n = field.shape
     half = 1 << (w - 1)
+    steps_run = lengths[0] if lengths else 0
+    active = [bisect.bisect_left([-x for x in lengths], -p) for p in range(steps_run + 1)]  # lengths > p
     local = field[..., None] + band @ _signs(w, field.dtype, field.device).T  # (Q, n, 2^w): the field on s_p
     steps = local.unbind(1)  # one view per spin (indexing local[:, p] would cost a full-size gradient each)
     alpha = [field.new_zeros(Q, 1 << w)]  # the virtual start: weight 1 each
-    for p in range(n):
-        a, l = alpha[-1], steps[p]
+    ended = [field.new_full((Q - active[0],), w * math.log(2.0))]  # log Z of the chains ending at each step
+    for p in range(steps_run):
+        c = active[p]
+        a, l = alpha[-1][:c], steps[p][:c]
         plus, minus = a + l, a - l
         alpha.append(torch.cat([torch.logaddexp(minus[:, 0::2], minus[:, 1::2]),
                                 torch.logaddexp(plus[:, 0::2], plus[:, 1::2])], -1))
-    logz = torch.logsumexp(alpha[-1], -1)
+        ended.append(torch.logsumexp(alpha[-1][active[p + 1]:], -1))
+    logz = torch.cat(ended[::-1])
     if not marginals:
         return None, logz
-    beta = [field.new_zeros(Q, 1 << w)]  # after the last spin; then back to the state after spin 0
-    for p in range(n - 1, 0, -1):
-        b, l = beta[-1], steps[p]
-        up = b[:, half:].repeat_interleave(2, -1)  # s_p = +1 after state x: (+1, x >> 1)
-        down = b[:, :half].repeat_interleave(2, -1)
-        beta.append(torch.logaddexp(l + up, down - l))
-    posterior = torch.stack(alpha[1:], 1) + torch.stack(beta[::-1], 1)  # (Q, n, 2^w): the state after spin p
-    plus, minus = torch.logsumexp(posterior[..., half:], -1), torch.logsumexp(posterior[..., :half], -1)
-    return torch.tanh((plus - minus) / 2), logz
+    m = [None] * steps_run
+    beta = None
+    for p in range(steps_run - 1, -1, -1):
+        c = active[p]
+        if beta is None:
+            beta = field.new_zeros(c, 1 << w)
+        else:  # from the state after spin p + 1 back to the state after spin p; chains that end at p start at 0
+            b, l = beta, steps[p + 1][:beta.shape[0]]
+            up = b[:, half:].repeat_interleave(2, -1)  # s_{p+1} = +1 after state x: (+1, x >> 1)
+            down = b[:, :half].repeat_interleave(2, -1)
+            beta = torch.logaddexp(l + up, down - l)
+            if beta.shape[0] < c:
+                beta = torch.cat([beta, beta.new_zeros(c - beta.shape[0], 1 << w)])
+        posterior = alpha[p + 1] + beta  # (c, 2^w): the state after spin p
+        spin = torch.tanh((torch.logsumexp(posterior[:, half:], -1) - torch.logsumexp(posterior[:, :half], -1)) / 2)
+        m[p] = F.pad(spin, (0, Q - c))
+    m += [field.new_zeros(Q)] * (n - steps_run)
+    return torch.stack(m, -1), logz
 
 
 @cache
