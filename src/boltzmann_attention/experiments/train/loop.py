@@ -44,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ... import ising
 from ...attention import BoltzmannAttention, parameter_groups
+from ...couplings import ContentCouplings
 from ...ising.meanfield import ConvergenceWarning
 from ...positions import SlotBias
 from ...provenance import machine_info
@@ -326,9 +327,10 @@ def learned_priors(attn: BoltzmannAttention, T: int) -> dict:
     """The layer's learned couplings ((H, T, T), or (H, W, W) by slot for the window), field bias (H,), slot
     bias (H, W) and, for the pairs parametrisation, its pair table P (H, W, W) (``slot_bias_pairs``), as lists
     of each float32 value's shortest decimal (it reads back to the same float32, in half the characters of its
-    float64 digits); only those it has."""
+    float64 digits); only those it has. Couplings computed from content depend on the input: none are recorded
+    (an analysis measures them on data)."""
     out = {}
-    if attn.couplings is not None:
+    if attn.couplings is not None and not isinstance(attn.couplings, ContentCouplings):
         out["couplings"] = float32_list(attn.couplings(T))
     if attn.field_bias is not None:
         out["field_bias"] = float32_list(attn.field_bias)

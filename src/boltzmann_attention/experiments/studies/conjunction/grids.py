@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ... import blocks
+from ...conjunction import ANALYSIS
 from ...sweep import Grid
 
 PREFIX = "cj-"
@@ -111,7 +112,7 @@ def grid(arm: str, s: Setting, lr: float, seeds: tuple[int, ...]) -> Grid:
     if a.boltzmann:  # the package's convention: -1/2 log T on h
         overrides.update(field_bias_init=-0.5 * math.log(s.T), learn_field_bias=True)
     return Grid(("blocks",), (s.T,), modes=(a.mode,), methods=(a.method,), seeds=seeds,
-                variant=variant(arm, s, lr), overrides=overrides)
+                variant=variant(arm, s, lr), overrides=overrides, analyses=(ANALYSIS,))
 
 
 def calibration_outcome(errors: list[float | None]) -> str | None:
