@@ -50,3 +50,19 @@ def test_the_boltzmann_arms_start_at_the_packages_field_bias():
     g = grids.grid("h-rope", SETTINGS[0], 1e-3, (0,))
     cfg = g.runs()[0][1]
     assert cfg.attention.field_bias_init == pytest.approx(-0.5 * math.log(blocks.length(5, 2, 8, "marker")))
+
+
+def test_once_a_setting_is_chosen_every_arm_builds_a_valid_config_at_each_lr():
+    d = Decisions(chosen=1)
+    stage1 = conjunction_grids("", d)
+    assert len(stage1) == 3 + len(grids.ARMS) * 3 - 3  # the calibration's runs are stage 1's at lr 1e-3
+    configs = {g.variant: g.runs()[0][1] for g in stage1}  # each validated as it is built
+    keys = configs["cj-keys4-b8-d64-steps8000-lr0.003"].attention
+    assert (keys.mode, keys.coupling, keys.method, keys.coupling_range, keys.coupling_rank) == \
+        ("h+J", "keys", "chain", 4, 16)
+    assert configs["cj-keys4-step-b8-d64-steps8000-lr0.003"].attention.mode == "h+J-step"
+    assert configs["cj-query4-b8-d64-steps8000-lr0.003"].attention.coupling == "query"
+    d = Decisions(chosen=1, best_lr=dict.fromkeys(grids.ARMS, 1e-3), best_single="h-rope", best_content="keys4")
+    later = conjunction_grids("", d)[len(stage1):]
+    assert sorted(g.variant.split("-b8")[0] for g in later if g.seeds == (3, 4)) == \
+        ["cj-h-rope", "cj-keys4", "cj-keys4-step", "cj-relative4"]

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ... import blocks
+from ...arms import Arm, stage_grids
 from ...sweep import Grid
 
 PREFIX = "bk-"
@@ -24,18 +25,6 @@ BAND = (0.20, 0.90)          # calibration: softmax-rope's validation error in t
 CLEARLY_LOWER = 0.5          # ... and mta's at most this fraction of it
 MAX_CALIBRATIONS = 4
 RANGE = 4                    # the couplings' and the control's range b
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    mode: str
-    options: tuple[tuple[str, object], ...]
-    method: str = "exact"
-
-    @property
-    def boltzmann(self) -> bool:
-        return self.mode.startswith("h")
 
 
 _ROPE = (("position", "rope"),)
@@ -161,12 +150,10 @@ def blocks_grids(field_bias: str, d: Decisions) -> list[Grid]:
     s = d.setting
     if s is None:
         return grids
-    grids += [grid(arm, s, lr, (TUNING_SEED,)) for arm in ARMS for lr in learning_rates(arm, d)
-              if lr not in d.diverged.get(arm, ()) and not (arm in CALIBRATION_ARMS and lr == REFERENCE_LR)]
-    grids += [grid(arm, s, d.best_lr[arm], tuple(x for x in SEEDS if x != TUNING_SEED)) for arm in ARMS
-              if arm in d.best_lr]
-    grids += [grid(arm, s, d.best_lr[arm], DECISIVE_SEEDS) for arm in decisive(d) if arm in d.best_lr]
-    return grids
+    return grids + stage_grids(lambda arm, lr, seeds: grid(arm, s, lr, seeds), ARMS,
+                               lambda arm: [lr for lr in learning_rates(arm, d) if lr not in d.diverged.get(arm, ())],
+                               d.best_lr, decisive(d), calibration_arms=CALIBRATION_ARMS, reference_lr=REFERENCE_LR,
+                               tuning_seed=TUNING_SEED, seeds=SEEDS, decisive_seeds=DECISIVE_SEEDS)
 
 
 def spread(a: dict[int, float], b: dict[int, float]) -> float:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ... import blocks
+from ...arms import Arm, stage_grids
 from ...conjunction import ANALYSIS
 from ...sweep import Grid
 
@@ -51,18 +52,6 @@ class Setting:
 
 # the calibration's settings, in the order they are run: larger models and longer runs, then fewer blocks
 SETTINGS = tuple(Setting(b, d, steps) for b in (8, 4, 3) for d, steps in ((64, 8000), (64, 32000), (128, 32000)))
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    mode: str
-    options: tuple[tuple[str, object], ...]
-    method: str = "exact"
-
-    @property
-    def boltzmann(self) -> bool:
-        return self.mode.startswith("h")
 
 
 _ROPE = (("position", "rope"),)
@@ -145,9 +134,7 @@ def conjunction_grids(field_bias: str, d: Decisions) -> list[Grid]:
     s = d.setting
     if s is None:
         return grids
-    grids += [grid(arm, s, lr, (TUNING_SEED,)) for arm in ARMS for lr in learning_rates(arm, d)
-              if lr not in d.diverged.get(arm, ()) and not (arm in CALIBRATION_ARMS and lr == REFERENCE_LR)]
-    grids += [grid(arm, s, d.best_lr[arm], tuple(x for x in SEEDS if x != TUNING_SEED)) for arm in ARMS
-              if arm in d.best_lr]
-    grids += [grid(arm, s, d.best_lr[arm], DECISIVE_SEEDS) for arm in decisive(d) if arm in d.best_lr]
-    return grids
+    return grids + stage_grids(lambda arm, lr, seeds: grid(arm, s, lr, seeds), ARMS,
+                               lambda arm: [lr for lr in learning_rates(arm, d) if lr not in d.diverged.get(arm, ())],
+                               d.best_lr, decisive(d), calibration_arms=CALIBRATION_ARMS, reference_lr=REFERENCE_LR,
+                               tuning_seed=TUNING_SEED, seeds=SEEDS, decisive_seeds=DECISIVE_SEEDS)

@@ -5,27 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import zip_longest
 
+from ...arms import Arm
 from ...coattention import ANALYSIS as COATTENTION
 from ...recipes import NANOGPT, NANOGPT_T
 from ...sweep import Grid, beyond
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One attention variant: its name, mode, method and config options (flat names)."""
-
-    name: str
-    mode: str
-    options: tuple[tuple[str, object], ...] = ()
-    method: str = "exact"
-
-    @property
-    def overrides(self) -> dict:
-        return dict(self.options)
-
-    @property
-    def coupled(self) -> bool:
-        return "J" in self.mode
 
 
 def _window(W: int, *more) -> tuple:

@@ -4,33 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...arms import Arm
 from ...config import TrainConfig
 from ...recipes import NANOGPT, NANOGPT_T, with_field_bias
 from ...sweep import Grid
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One attention variant of the study: its name, mode, method and TrainConfig coupling options."""
-
-    name: str
-    mode: str
-    method: str = "exact"
-    options: tuple[tuple[str, object], ...] = ()
-
-    @property
-    def overrides(self) -> dict:
-        return dict(self.options)
-
 
 WINDOW = 16  # the coupled window's W
 RANGE = 8    # the relative couplings' range (mean field and banded exact: one model)
 ARMS = (
     Arm("softmax", "softmax"),
     Arm("h", "h"),
-    Arm(f"window{WINDOW}", "h+J", "exact", (("coupling", "window"), ("coupling_window", WINDOW))),
-    Arm(f"meanfield{RANGE}", "h+J", "meanfield", (("coupling", "relative"), ("coupling_range", RANGE))),
-    Arm(f"banded{RANGE}", "h+J", "banded", (("coupling", "relative"), ("coupling_range", RANGE))),
+    Arm(f"window{WINDOW}", "h+J", (("coupling", "window"), ("coupling_window", WINDOW))),
+    Arm(f"meanfield{RANGE}", "h+J", (("coupling", "relative"), ("coupling_range", RANGE)), "meanfield"),
+    Arm(f"banded{RANGE}", "h+J", (("coupling", "relative"), ("coupling_range", RANGE)), "banded"),
 )
 BY_NAME = {a.name: a for a in ARMS}
 COUPLED = tuple(a.name for a in ARMS if "J" in a.mode)  # the h+J arms, each compared with h
