@@ -167,3 +167,21 @@ def test_content_couplings_are_refused_where_they_cannot_apply():
         BoltzmannAttention(16, 2, max_len=8, mode="h+J", coupling="full", coupling_rank=8)
     with pytest.raises(ValueError, match="coupling_rank must be an integer >= 1"):
         BoltzmannAttention(16, 2, max_len=8, mode="h+J", coupling="keys", coupling_rank=0)
+
+
+@pytest.mark.parametrize("query_conditioned", [False, True])
+def test_the_band_form_holds_the_dense_couplings_band_and_solves_the_same(query_conditioned):
+    k, q = torch.randn(2, 3, 7, 8, dtype=torch.float64), torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    c = ContentCouplings(3, 8, 4, 2, query_conditioned, init_std=0.5).double()
+    dense, band = c(k, q), c.band(k, q)
+    assert band.shape == dense.shape[:-1] + (2,)
+    for p in range(7):
+        for d in (1, 2):
+            want = dense[..., p - d, p] if p >= d else torch.zeros_like(dense[..., 0, 0])
+            assert torch.allclose(band[..., p, d - 1], want, atol=1e-12)
+    h = torch.randn(2, 3, 5, 7, dtype=torch.float64)
+    mask = torch.ones(5, 7, dtype=torch.bool).tril(2)
+    got = ising.chain.band_marginals(h, ising.chain.Band(band), mask)
+    assert (got - ising.marginals(h, dense, mask=mask, method="reference")).abs().max() < 1e-12
+    with pytest.raises(ValueError, match="beyond bandwidth 1"):
+        ising.chain.band_marginals(h, ising.chain.Band(band), mask, bandwidth=1)

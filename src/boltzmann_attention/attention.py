@@ -147,7 +147,16 @@ def _as(x, dtype: torch.dtype):
     """x cast to dtype when it is a tensor (a Toeplitz operator: its profile)."""
     if isinstance(x, ising.toeplitz.Toeplitz):
         return ising.toeplitz.Toeplitz(x.profile.to(dtype))
+    if isinstance(x, ising.chain.Band):
+        return ising.chain.Band(x.values.to(dtype))
     return x.to(dtype) if isinstance(x, Tensor) else x
+
+
+def _values(x):
+    """The tensor behind couplings given as a Toeplitz profile or a band, or the tensor itself."""
+    if isinstance(x, ising.toeplitz.Toeplitz):
+        return x.profile
+    return x.values if isinstance(x, ising.chain.Band) else x
 
 
 def _attend(query, key, value, couplings, three_body, mode, method, causal_offset, attn_mask, scale, bias,
@@ -217,7 +226,7 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         shape = torch.broadcast_shapes(torch.as_tensor(bias).shape, (1, 1, L, S),
                                        mask.shape if mask is not None else ())
         field = torch.zeros(shape, dtype=query.dtype, device=query.device) + bias
-    built = [(f"the couplings {name}", x.profile if isinstance(x, ising.toeplitz.Toeplitz) else x)
+    built = [(f"the couplings {name}", _values(x))
              for name, x in (("J", couplings), ("K", three_body)) if built_couplings and x is not None]
     check_values(mode, query, key, field, tuple(built))
 
@@ -225,8 +234,7 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         weights = torch.sigmoid(2 * field)
         weights = weights if mask is None else weights.masked_fill(~mask, 0.0)
         if couplings is not None or three_body is not None:  # in the graph, as a computed result would be
-            weights = weights + sum((x.profile if isinstance(x, ising.toeplitz.Toeplitz) else x).sum() * 0
-                                    for x in (couplings, three_body) if x is not None)
+            weights = weights + sum(_values(x).sum() * 0 for x in (couplings, three_body) if x is not None)
         out = weights @ value
         return out, (weights.expand(*out.shape[:-1], S) if return_weights else None)
     if coupling_window is not None:
@@ -244,6 +252,8 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
             m = solve(field.expand(torch.broadcast_shapes(field.shape, (1, 1, L, S))),
                       ising.toeplitz.Toeplitz(couplings.profile[:, None]), spins_mask, tap=method == "tap",
                       **method_options)[0]
+        elif isinstance(couplings, ising.chain.Band):  # from content, (B, H, 1 or L, S, w) against (B, H, L, S)
+            m = ising.chain.band_marginals(field, couplings, spins_mask, **method_options)
         else:  # (H, 1, S, S) against (B, H, L); content couplings come as (B, H, 1 or L, S, S)
             J = couplings.unsqueeze(1) if couplings is not None and couplings.dim() == 3 else couplings
             K = three_body.unsqueeze(1) if three_body is not None else None
@@ -321,6 +331,7 @@ class BoltzmannAttention(nn.Module):
         self.mode, self.method, self.causal = mode, method, causal
         solver = ising.resolve_method(method)
         self._toeplitz = solver.toeplitz  # relative J goes to the solver as its profile
+        self._band = solver.band  # couplings from content go to the solver in band form
         self.method_options = dict(method_options or {})
         if "bandwidth" in solver.options and coupling in ("relative", "keys", "query") and uses_J:  # 0 beyond
             self.method_options.setdefault("bandwidth", coupling_range)
@@ -473,6 +484,8 @@ class BoltzmannAttention(nn.Module):
         couplings = None
         if isinstance(self.couplings, RelativeCouplings) and self._toeplitz and x.device.type != "meta":
             couplings = ising.toeplitz.Toeplitz(self.couplings.weight)  # f(1) .. f(range), (H, range)
+        elif isinstance(self.couplings, ContentCouplings) and self._band:
+            couplings = ising.chain.Band(self.couplings.band(content_k, content_q))
         elif isinstance(self.couplings, ContentCouplings):
             couplings = self.couplings(content_k, content_q)
         elif self.couplings is not None:

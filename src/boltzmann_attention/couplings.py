@@ -204,6 +204,25 @@ class ContentCouplings(nn.Module):
         S = key.shape[-2]
         return (J + J.transpose(-1, -2)) * (_band_mask(S, self.max_distance, key).mul(0.5 / self.rank ** 0.5))
 
+    def band(self, key: Tensor, query: Tensor | None = None) -> Tensor:
+        """The same couplings in band form, (B, H, 1 or L, S, w) with w = max_distance: entry [..., p, d - 1] is
+        J_{p-d, p} (0 where p - d < 0), computed for those pairs only."""
+        a = torch.einsum("bhse,her->bhsr", key, self.left.to(key.dtype))
+        b = torch.einsum("bhse,her->bhsr", key, self.right.to(key.dtype))
+        S, scale = key.shape[-2], 0.5 / self.rank ** 0.5
+        pairs = []
+        for d in range(1, self.max_distance + 1):
+            earlier_a = torch.nn.functional.pad(a, (0, 0, d, 0))[..., :S, :]  # a_{p-d}, 0 before the start
+            earlier_b = torch.nn.functional.pad(b, (0, 0, d, 0))[..., :S, :]
+            pairs.append(earlier_a * b + a * earlier_b)                        # (B, H, S, r)
+        pair = torch.stack(pairs, -2) * scale                                    # (B, H, S, w, r)
+        if self.query_conditioned:
+            if query is None:
+                raise ValueError("query-conditioned couplings need the queries")
+            u = torch.einsum("bhle,her->bhlr", query, self.query_weight.to(key.dtype))
+            return torch.einsum("bhlr,bhswr->bhlsw", u, pair)
+        return pair.sum(-1).unsqueeze(2)
+
     def extra_repr(self) -> str:
         kind = "query" if self.query_conditioned else "keys"
         return f"{kind}, rank={self.rank}, max_distance={self.max_distance}"

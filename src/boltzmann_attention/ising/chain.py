@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import math
 from functools import cache
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +38,30 @@ from . import checks
 from ._inputs import check_int
 from .record import Method, keyword_options, with_defaults
 
-__all__ = ["marginals", "log_partition"]
+__all__ = ["Band", "band_marginals", "log_partition", "marginals"]
 
 MAX_BANDWIDTH = 12
+
+
+class Band(NamedTuple):
+    """Couplings in band form: ``values[..., p, d - 1] = J_{p-d, p}`` for d = 1..w (0 where p - d < 0), shape
+    (..., n, w). What :class:`~boltzmann_attention.couplings.ContentCouplings` gives a method whose record takes
+    it (``Method.band``): the (n, n) matrix is never built."""
+
+    values: Tensor
+
+
+def band_marginals(h: Tensor, couplings: Band, mask: Tensor | None = None, *, bandwidth: int | None = None,
+                   max_bandwidth: int = MAX_BANDWIDTH) -> Tensor:
+    """:func:`marginals` for couplings in band form: h (..., n), couplings.values (..., n, w), mask (..., n)."""
+    values = couplings.values
+    w = values.shape[-1]
+    if bandwidth is not None and check_int("bandwidth", bandwidth, 0) < w:
+        raise ValueError(f"the band holds couplings {w} apart, beyond bandwidth {bandwidth}")
+    if w > check_int("max_bandwidth", max_bandwidth, 0):
+        raise ValueError(f"bandwidth {w} exceeds max_bandwidth={max_bandwidth} (the chain has 2^w states); raise "
+                         "max_bandwidth, or use method='meanfield'")
+    return _run(h, values, mask, True)
 
 
 def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
@@ -60,19 +82,30 @@ def _solve(h, J, K, mask, bandwidth, max_bandwidth, *, marginals: bool):
                          "three-body couplings")
     n = h.shape[-1]
     w = _bandwidth(J, n, bandwidth, max_bandwidth)
-    shape = torch.broadcast_shapes(h.shape[:-1], J.shape[:-2] if J is not None else (),
+    dtype = torch.promote_types(h.dtype, torch.float32)
+    band = None if w == 0 else _band(J.to(dtype), w)  # (..., n, w): band[..., p, d - 1] = J_{p-d, p}
+    return _run(h, band, mask, marginals)
+
+
+def _run(h: Tensor, band: Tensor | None, mask: Tensor | None, marginals: bool) -> Tensor:
+    """Marginals or log Z for fields h (..., n) and couplings in band form (..., n, w) or None."""
+    n = h.shape[-1]
+    w = 0 if band is None else band.shape[-1]
+    shape = torch.broadcast_shapes(h.shape[:-1], band.shape[:-2] if band is not None else (),
                                    mask.shape[:-1] if mask is not None else ())
     dtype = torch.promote_types(h.dtype, torch.float32)
     present = None if mask is None else mask.expand(*shape, n)
     field = h.to(dtype).expand(*shape, n)
     if present is not None:
         field = field * present
-    if w == 0 or n == 0:
+    if w == 0 or n == 0 or math.prod(shape) == 0:
         m = torch.tanh(field)
         logz = torch.logaddexp(field, -field)
         logz = (logz if present is None else logz * present).sum(-1)
+        if band is not None:  # in the graph, as a computed result would be
+            m, logz = m + band.sum() * 0, logz + band.sum() * 0
         return (m if present is None else m * present) if marginals else logz
-    band = _band(J.to(dtype), w)  # (..., n, w): band[..., p, d - 1] = J_{p-d, p}
+    band = band.to(dtype)
     if present is not None:  # no coupling touches an absent spin
         back = F.pad(present, (w, 0))
         band = band * torch.stack([back[..., w - d:w - d + n] for d in range(1, w + 1)], -1) * present[..., None]
@@ -204,4 +237,4 @@ def _check_options(options: dict) -> None:
 
 METHOD = Method("chain", marginals, log_partition, keyword_options(marginals), "exact",
                 f"J_jk = 0 for |j - k| > w, w <= {MAX_BANDWIDTH}, J may differ per query (options bandwidth, "
-                "max_bandwidth)", _check_options, max_bandwidth=MAX_BANDWIDTH)
+                "max_bandwidth)", _check_options, max_bandwidth=MAX_BANDWIDTH, band=True)

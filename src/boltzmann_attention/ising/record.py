@@ -21,18 +21,19 @@ KINDS = ("exact", "approximate", "sampled")
 class Method:
     """One method: ``marginals(h, J, K, mask, **options)`` and ``log_partition`` (None: sampled, no log Z).
 
-    options: the option names it takes; check_options(options): ValueError, naming the option, for a value
-    the method would refuse at its first call (called at construction of a layer, not at its first forward);
-    kind: one of :data:`KINDS`; limit: the limit in words; max_spins: the most spins one query may enumerate
-    (None: any number), moved by the option of the same name when the method takes it; max_bandwidth: the widest
-    band of couplings it solves (None: it needs no band), moved likewise; three_body: whether it takes three-body
-    couplings K; toeplitz: whether it also solves J_jk = f(|j - k|) given as its profile (``ising.toeplitz``,
-    never an (n, n) matrix); window: whether it also solves the coupled window (``ising.window``, a slot-indexed
-    J shared by all queries); keyed_masks: whether ``marginals`` takes ``mask_key``, the caller's name for a mask
-    that is the same every call (then not read after the first, see ``exact.marginals``); compiled: what runs
-    instead of ``marginals`` while ``torch.compile`` traces (one opaque operator,
-    :mod:`boltzmann_attention.ising.opaque`; it takes ``check``, False where the caller has checked the inputs,
-    and ``mask_key``), None to trace ``marginals`` itself.
+    options: the option names it takes; check_options(options): ValueError, naming the option, for a value the
+    method would refuse at its first call (called at construction of a layer, not at its first forward); kind: one
+    of :data:`KINDS`; limit: the limit in words; max_spins: the most spins one query may enumerate (None: any
+    number), moved by the option of the same name when the method takes it; max_bandwidth: the widest band of
+    couplings it solves (None: it needs no band), moved likewise; three_body: whether it takes three-body couplings
+    K; toeplitz: whether it also solves J_jk = f(|j - k|) given as its profile (``ising.toeplitz``, never an (n, n)
+    matrix); band: whether it also takes couplings in band form (``ising.chain.Band``, J_{p-d, p} per spin p and
+    distance d, for couplings that differ per query); window: whether it also solves the coupled window
+    (``ising.window``, a slot-indexed J shared by all queries); keyed_masks: whether ``marginals`` takes
+    ``mask_key``, the caller's name for a mask that is the same every call (then not read after the first, see
+    ``exact.marginals``); compiled: what runs instead of ``marginals`` while ``torch.compile`` traces (one opaque
+    operator, :mod:`boltzmann_attention.ising.opaque`; it takes ``check``, False where the caller has checked the
+    inputs, and ``mask_key``), None to trace ``marginals`` itself.
     """
 
     name: str
@@ -46,6 +47,7 @@ class Method:
     max_bandwidth: int | None = None
     three_body: bool = False
     toeplitz: bool = False
+    band: bool = False
     window: bool = False
     keyed_masks: bool = False
     compiled: Callable | None = None
