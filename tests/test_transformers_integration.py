@@ -237,6 +237,7 @@ def test_loading_an_unconverted_checkpoint_is_refused(tmp_path):
      r"coupling_window=W go together"),
     ({"coupling": "window", "coupling_window": 30}, r"W <= 24"),
     ({"mode": "h+J", "method": "nope"}, r"unknown method 'nope'"),
+    ({"mode": "h+J", "coupling": "keys", "coupling_range": 3, "method": "chain"}, r"BoltzmannAttention only"),
     ({"mode": "h", "coupling": "window", "coupling_window": 4}, r"mode 'h' has no couplings .* would be ignored"),
     ({"mode": "h+J", "coupling": "relative", "method": "meanfield", "method_options": {"tolerance": 1}},
      r"unknown option\(s\) \['tolerance'\]"),
