@@ -36,6 +36,15 @@ class Arm:
         """Whether the mode has a field bias on h (the sigmoid and Boltzmann modes)."""
         return modes.get(self.mode).field_bias
 
+    def group(self, res, task: str, variant: str, T: int):
+        """This arm's runs of ``variant`` at context length T in ``res`` (a results.Results): a Group, or None."""
+        return res.get(task, variant, T, self.mode, self.method)
+
+    def values(self, res, task: str, variant: str, T: int, metric: str, split: str) -> dict[int, float]:
+        """{seed: the metric on the split} of :meth:`group`'s runs ({} without runs)."""
+        g = self.group(res, task, variant, T)
+        return {} if g is None else g.values(metric, split)
+
 
 __all__ = ["Arm", "stage_grids"]
 

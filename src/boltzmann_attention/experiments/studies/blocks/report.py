@@ -44,12 +44,11 @@ def owns(res: Results) -> bool:
 
 
 def _group(res: Results, arm: str, s: Setting, lr: float) -> Group | None:
-    return res.get("blocks", variant(arm, s, lr), s.T, ARMS[arm].mode, ARMS[arm].method)
+    return ARMS[arm].group(res, "blocks", variant(arm, s, lr), s.T)
 
 
 def values(res: Results, arm: str, s: Setting, lr: float, metric: str, split: str) -> dict[int, float]:
-    g = _group(res, arm, s, lr)
-    return {} if g is None else g.values(metric, split)
+    return ARMS[arm].values(res, "blocks", variant(arm, s, lr), s.T, metric, split)
 
 
 def step_ms(res: Results, arm: str, s: Setting, lr: float) -> dict[int, float]:

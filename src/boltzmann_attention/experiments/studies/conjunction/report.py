@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ... import blocks
 from ...report import ReportContext, every_run_is, header_section, protocol_sections
-from ...results import Group, Results
+from ...results import Results
 from ...tables import fmt_num, md_table
 from .grids import (
     ARMS,
@@ -30,13 +30,8 @@ def owns(res: Results) -> bool:
     return every_run_is(res, PREFIX)
 
 
-def _group(res: Results, arm: str, s: Setting, lr: float) -> Group | None:
-    return res.get("blocks", variant(arm, s, lr), s.T, ARMS[arm].mode, ARMS[arm].method)
-
-
 def values(res: Results, arm: str, s: Setting, lr: float, metric: str, split: str) -> dict[int, float]:
-    g = _group(res, arm, s, lr)
-    return {} if g is None else g.values(metric, split)
+    return ARMS[arm].values(res, "blocks", variant(arm, s, lr), s.T, metric, split)
 
 
 def premise(s: Setting) -> float:
