@@ -229,8 +229,9 @@ def test_the_submitit_executor_writes_the_results_the_process_pool_does(finished
     assert _trained(got) == _trained(files)
     assert "through submitit (local; logs in" in capsys.readouterr().out
     assert sweep([grid], tmp_path, executor="submitit", executor_options={"cluster": "local"}) == []  # resumed
-    with pytest.raises(ValueError, match="executor_options apply to executor 'submitit' only"):
+    with pytest.raises(ValueError, match="executor_options apply to executor 'submitit' only") as refused:
         sweep([grid], tmp_path / "other", executor_options={"cluster": "local"})
+    assert "--threads" not in str(refused.value)  # sweep and reproduce take no --threads: the hint names --jobs
     with pytest.raises(ValueError, match="unknown executor 'ray'"):
         sweep([grid], tmp_path / "other", executor="ray")
 

@@ -256,8 +256,8 @@ def sweep(grids: list[Grid], out: str | Path, jobs: int = 1, dry_run: bool = Fal
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; choose one of {EXECUTORS}")
     if executor_options and executor == "processes":
-        raise ValueError("executor_options apply to executor 'submitit' only; the local processes take --jobs and "
-                         "--threads")
+        raise ValueError("executor_options apply to executor 'submitit' only; the local processes take --jobs "
+                         "(each process gets cores // jobs threads)")
     if executor == "processes":
         check_int("jobs", jobs, 1)
     if threads is not None:
