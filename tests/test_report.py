@@ -783,3 +783,38 @@ def test_group_curves_keep_the_evaluations_every_seed_recorded_in_step_order():
     assert g.curves("ppl") == {}  # no step where all three recorded it
     g.runs[2] = SimpleNamespace(raw={})  # a run without a history leaves no common evaluation
     assert g.curves() == {}
+
+
+def test_hand_run_arms_of_two_couplings_are_each_paired_with_the_softmax_run(tmp_path):
+    """Two h+J runs that differ only in options softmax does not use are relabelled apart, and each is compared
+    with the softmax run of their variant; a relabelling by an option softmax uses (the lr) is not paired with
+    it. The plots of relabelled variants have file names without spaces or brackets, linked as written."""
+    from boltzmann_attention.experiments.results import Results, load_runs
+    from boltzmann_attention.experiments.studies import write_report
+
+    write_run(tmp_path, "shakespeare", 8, "softmax", 0, val=shakespeare_val(10.0))
+    write_run(tmp_path, "shakespeare", 8, "h+J", 0, val=shakespeare_val(9.0))
+    write_run(tmp_path / "x", "shakespeare", 8, "h+J", 0, val=shakespeare_val(8.0), coupling="window",
+              coupling_window=4)
+    (tmp_path / "x" / "runs" / "shakespeare-T8-h+J-exact-base-s0.json").rename(
+        tmp_path / "runs" / "window.json")
+    res = Results(load_runs(tmp_path))
+    labels = sorted(v for v in res.variants("shakespeare") if v != "base")
+    assert labels == ["base [coupling=full, coupling_window=None]", "base [coupling=window, coupling_window=4]"]
+    for label in labels:
+        assert res.baseline("shakespeare", label, 8, "exact") is res.baseline("shakespeare", "base", 8, "exact")
+    text = write_report(tmp_path, tmp_path / "out").read_text()
+    for label, improvement in zip(labels, ("+10.00", "+20.00")):
+        table = table_after(text, f"### Shakespeare: perplexity, all positions (variant `{label}`)")
+        assert table["8"]["h+J Δ%"].startswith(improvement)
+    pngs = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
+    assert all(re.fullmatch(r"[\w.+-]+", p) and (tmp_path / "out" / p).exists() for p in pngs)
+
+    lr = tmp_path / "lr"
+    write_run(lr, "shakespeare", 8, "softmax", 0, val=shakespeare_val(10.0))
+    write_run(lr, "shakespeare", 8, "h+J", 0, val=shakespeare_val(9.0))
+    write_run(lr / "x", "shakespeare", 8, "h+J", 0, val=shakespeare_val(8.0), lr=1e-2)
+    (lr / "x" / "runs" / "shakespeare-T8-h+J-exact-base-s0.json").rename(lr / "runs" / "other-lr.json")
+    res = Results(load_runs(lr))
+    assert all(res.baseline("shakespeare", v, 8, "exact") is None for v in res.variants("shakespeare")
+               if v != "base")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -262,7 +263,7 @@ def shakespeare_section(res: Results, out: Path, paper: dict | None = None) -> l
               "Least squares over all seeds' perplexities (all positions); ± is sqrt(diag(pcov)).", "", table, ""]
     for variant in res.variants("shakespeare"):
         if any(f.params is not None for (v, *_), f in fits.items() if v == variant):
-            png = f"fit_shakespeare_{variant}.png"
+            png = f"fit_shakespeare_{file_name(variant)}.png"
             plot_fits(res, variant, fits, out / png)
             lines += [f"![shakespeare {variant}: fits]({png})", ""]
     return lines
@@ -286,7 +287,7 @@ def _variant_tables(res: Results, out: Path, task: str, table: Callable, noun: s
     for variant in res.variants(task):
         for key, title in kinds:
             lines += [f"### {title} (variant `{variant}`)", "", table(res, variant, key, paper), ""]
-        png = f"metric_{task}_{variant}.png"
+        png = f"metric_{task}_{file_name(variant)}.png"
         plot_metric(res, task, variant, TASK_METRICS[task], out / png, paper if variant == "base" else None)
         lines += [f"![{task} {variant}: {noun} against T]({png})", ""]
     return lines
@@ -357,6 +358,12 @@ def coupling_table(res: Results, task: str, mode: str = "h+J") -> tuple[str, dic
                      fmt_num(r2), fmt_num(corr)])
     header = ["T", "mode", "seeds", "mean abs(J)", "R² of J by distance", "correlation between seeds"]
     return md_table(header, rows), stats
+
+
+def file_name(text: str) -> str:
+    """text as a file name that Markdown links to as it is: runs of anything but letters, digits, '_', '.', '+'
+    and '-' (spaces, brackets, commas, '=' of a relabelled variant) become one '-'."""
+    return re.sub(r"[^\w.+-]+", "-", text).strip("-")
 
 
 def couplings_section(res: Results, out: Path, modes: tuple[str, ...] = ("h+J",)) -> list[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import modes
 from .config import MeasureConfig, TrainConfig
 from .train.checkpoints import result_lock, write_result
 
@@ -48,21 +49,22 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def _distinguished(runs: list[Run]) -> list[Run]:
+def _distinguished(runs: list[Run]) -> tuple[list[Run], dict[str, tuple[str, tuple[str, ...]]]]:
     """The runs, where runs of one (task, variant, T, mode, method) were trained with different configs each
     relabelled ``<variant> [field=value, ...]`` with the fields that differ between them, so that a report
-    never shows one config's numbers under another's label."""
+    never shows one config's numbers under another's label; and {new label: (its variant, those fields)}."""
     by_key: dict[tuple, list[Run]] = {}
     for r in runs:
         by_key.setdefault(r.key, []).append(r)
-    labels = {}
+    labels, parents = {}, {}
     for group in by_key.values():
         ids = [identity(r.config) for r in group]
         differ = sorted({k for i in ids for k in i if any(j.get(k) != i.get(k) for j in ids)})
         if differ:
             for r, i in zip(group, ids):
                 labels[id(r)] = f"{r.variant} [{', '.join(f'{k}={i.get(k)}' for k in differ)}]"
-    return [replace(r, variant=labels[id(r)]) if id(r) in labels else r for r in runs]
+                parents[labels[id(r)]] = (r.variant, tuple(differ))
+    return [replace(r, variant=labels[id(r)]) if id(r) in labels else r for r in runs], parents
 
 
 # ---------------------------------------------------------------------------------------------- checking
@@ -309,7 +311,7 @@ class Results:
     """
 
     def __init__(self, runs: list[Run]):
-        runs = _distinguished(runs)
+        runs, self.parents = _distinguished(runs)
         self.all_runs = runs
         self.excluded: list[tuple[Run, list[str]]] = [(r, r.problems()) for r in runs if r.problems()]
         left_out = {id(r) for r, _ in self.excluded}
@@ -350,4 +352,14 @@ class Results:
         return min(found, key=lambda g: g.method) if found else None
 
     def baseline(self, task: str, variant: str, T: int, method: str | None = None) -> Group | None:
-        return self.pick(task, variant, T, BASELINE, method)
+        """The softmax runs to compare a variant's runs with: its own, or, for runs relabelled by the options that
+        tell them apart (``<variant> [field=value, ...]``), the softmax runs of their variant when softmax uses
+        none of those options (say hand-run h+J runs of two couplings against one softmax run)."""
+        own = self.pick(task, variant, T, BASELINE, method)
+        if own is not None or variant not in self.parents:
+            return own
+        parent, differ = self.parents[variant]
+        softmax = modes.get(BASELINE)
+        if all(name in modes.USED_BY and not modes.USED_BY[name][1](softmax) for name in differ):
+            return self.pick(task, parent, T, BASELINE, method)
+        return None
