@@ -127,10 +127,11 @@ def _batch_shape(h: Tensor, J: Tensor | None, mask: Tensor | None) -> torch.Size
 
 
 def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | None, max_bandwidth: int,
-               chunk_size: int | None) -> int:
-    """The bandwidth w to run with (at most n - 1), after checking J, the options and the limits."""
+               chunk_size: int | None, method: str = "banded") -> int:
+    """The bandwidth w to run with (at most n - 1), after checking J, the options and the limits (``method``: the
+    name the errors give; method 'chain' shares the rule)."""
     if K is not None:
-        raise ValueError("method 'banded' supports pairwise couplings only (K must be None); "
+        raise ValueError(f"method {method!r} supports pairwise couplings only (K must be None); "
                          "use method='exact' for three-body couplings")
     n = h.shape[-1]
     if bandwidth is not None:
@@ -139,7 +140,7 @@ def _bandwidth(h: Tensor, J: Tensor | None, K: Tensor | None, bandwidth: int | N
     if chunk_size is not None:
         check_int("chunk_size", chunk_size, 1)
     if bandwidth is None and J is not None and J.requires_grad and torch.is_grad_enabled():
-        raise ValueError("method 'banded' needs an explicit `bandwidth` when J is trained: a bandwidth inferred "
+        raise ValueError(f"method {method!r} needs an explicit `bandwidth` when J is trained: a bandwidth inferred "
                          "from J's current values (w = 0 for J = 0) would give every coupling beyond it no "
                          "gradient. Pass method_options={'bandwidth': w} (BoltzmannAttention with "
                          "coupling='relative' passes its coupling_range).")

@@ -18,9 +18,9 @@ J per query its per-group work dominates, and this method is the one to use.
 Absent spins (mask False) are free spins with field 0 and no couplings: each adds log 2 to the recursion's
 log Z, which is taken off, and has marginal 0. Absent spins before the last present one are allowed.
 
-Options: ``bandwidth`` (w; inferred from J's nonzero entries when None, which reads J on the host and is
-refused when J is trained), ``max_bandwidth`` (default 12). A J with a nonzero coupling beyond ``bandwidth``
-is refused (on the host, or by an asynchronous assert where checks do not read the host, :mod:`.checks`).
+Options: ``bandwidth`` (w; inferred from J's nonzero entries when None, refused when J is trained) and
+``max_bandwidth`` (default 12), checked by method banded's rule, which reads a dense J on the host and refuses a
+coupling beyond ``bandwidth``. Couplings in band form (:class:`Band`) need no such check.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import checks
+from . import banded
 from ._inputs import check_int
-from .record import Method, keyword_options, with_defaults
+from .record import Method, keyword_options
 
 __all__ = ["Band", "band_marginals", "log_partition", "marginals"]
 
@@ -77,11 +77,7 @@ def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
 
 
 def _solve(h, J, K, mask, bandwidth, max_bandwidth, *, marginals: bool):
-    if K is not None:
-        raise ValueError("method 'chain' supports pairwise couplings only (K must be None); use method='exact' for "
-                         "three-body couplings")
-    n = h.shape[-1]
-    w = _bandwidth(J, n, bandwidth, max_bandwidth)
+    w = banded._bandwidth(h, J, K, bandwidth, max_bandwidth, None, "chain")
     dtype = torch.promote_types(h.dtype, torch.float32)
     band = None if w == 0 else _band(J.to(dtype), w)  # (..., n, w): band[..., p, d - 1] = J_{p-d, p}
     return _run(h, band, mask, marginals)
@@ -198,43 +194,6 @@ def _band(J: Tensor, w: int) -> Tensor:
                         for d in range(1, w + 1)], -1)
 
 
-def _bandwidth(J: Tensor | None, n: int, bandwidth: int | None, max_bandwidth: int) -> int:
-    """The w to run with, after checking the options and that J has no coupling beyond it."""
-    check_int("max_bandwidth", max_bandwidth, 0)
-    if J is None:
-        return 0
-    if bandwidth is None:
-        if J.requires_grad and torch.is_grad_enabled():
-            raise ValueError("method 'chain' needs an explicit `bandwidth` when J is trained: a bandwidth inferred "
-                             "from J's current values (w = 0 for J = 0) would give every coupling beyond it no "
-                             "gradient. Pass method_options={'bandwidth': w}")
-        pairs = (J.detach() != 0).reshape(-1, n, n).any(0).nonzero()
-        bandwidth = int((pairs[:, 1] - pairs[:, 0]).abs().max()) if len(pairs) else 0
-    else:
-        check_int("bandwidth", bandwidth, 0)
-        beyond = (torch.arange(n, device=J.device)[:, None] - torch.arange(n, device=J.device)).abs() > bandwidth
-        outside = (J.detach() * beyond).abs().amax() == 0 if J.numel() else torch.tensor(True)
-        message = (f"J is not banded with bandwidth {bandwidth}: it couples spins further apart. Pass a larger "
-                   "bandwidth, or use method='exact' (n <= 24) or 'meanfield'")
-        if checks.on_host(J.device):
-            if not bool(outside):
-                raise ValueError(message)
-        else:
-            torch._assert_async(outside, message)
-    w = min(bandwidth, max(n - 1, 0))
-    if w > max_bandwidth:
-        raise ValueError(f"bandwidth {w} exceeds max_bandwidth={max_bandwidth} (the chain has 2^w states); raise "
-                         "max_bandwidth, or use method='meanfield'")
-    return w
-
-
-def _check_options(options: dict) -> None:
-    o = with_defaults(marginals, options)
-    if o["bandwidth"] is not None:
-        check_int("bandwidth", o["bandwidth"], 0)
-    check_int("max_bandwidth", o["max_bandwidth"], 0)
-
-
 METHOD = Method("chain", marginals, log_partition, keyword_options(marginals), "exact",
                 f"J_jk = 0 for |j - k| > w, w <= {MAX_BANDWIDTH}, J may differ per query (options bandwidth, "
-                "max_bandwidth)", _check_options, max_bandwidth=MAX_BANDWIDTH, band=True)
+                "max_bandwidth)", banded._check_options, max_bandwidth=MAX_BANDWIDTH, band=True)
