@@ -148,6 +148,7 @@ def test_without_conjunction_two_blocks_never_need_both_letters():
     T = blocks.length(5, 2, 2)
     x, _ = generate(2000, torch.Generator().manual_seed(4), T, 5, 2, 2)
     assert not blocks.needs_conjunction(x).any()
+    assert not blocks.needs_conjunction(BlockData(T, num_blocks=2).val[0]).any()  # the blocks study's validation set
     x, _ = generate(2000, torch.Generator().manual_seed(4), blocks.length(5, 2, 10), 5, 2, 10)
     assert 0.55 < float(blocks.needs_conjunction(x).float().mean()) < 0.72  # about 64% with 10 blocks
 
