@@ -29,20 +29,15 @@ from .. import ising, modes
 from ..attention import BoltzmannAttention
 from ..ising.methods import REGISTRY, resolve_method
 from ..validation import LAYER_MODES, SLOT_BIAS_PARAMETRIZATIONS
-from . import blocks
-from . import data as datasets
+from . import blocks, tasks
 
-TASKS = ("shakespeare", "brackets", "blocks")
+TASKS = tuple(tasks.REGISTRY)  # the tasks known when the config module loads (the CLI's choices)
 COUPLINGS = ("full", "relative", "window", "keys", "query")
 POSITIONS = ("learned", "rope", "alibi", "none")
 LAYER_POSITION = {"learned": None, "rope": "rope", "alibi": "alibi", "none": None}  # the layer's option
 INITS = ("torch", "gpt2")
 MAX_SEED = 2**53
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-# The bracket task's options: a Shakespeare run that changes one is refused (it would mean nothing).
-BRACKET_OPTIONS = ("num_fillers", "train_sequences", "min_fill", "max_fill", "open_probability", "deduplicate")
-# the find-the-block task's, likewise
-BLOCK_OPTIONS = ("block_size", "query_size", "num_blocks", "conjunction", "answer")
 
 
 def option(default, help: str, **metadata):
@@ -242,7 +237,7 @@ class TrainConfig:
         (UserWarning) when warm-up never ends (warmup_steps >= steps).
         """
         d, m, a, o = self.data, self.arch, self.attention, self.optim
-        _choice("task", d.task, TASKS)
+        _choice("task", d.task, tuple(tasks.REGISTRY))
         _integer("T", d.T, 2)
         _integer("seed", self.seed, 0, MAX_SEED - 1)
         for owner, name, minimum in ((self, "steps", 1), (self, "batch_size", 1), (o, "warmup_steps", 0),
@@ -292,14 +287,13 @@ class TrainConfig:
                                                         if m.couplings or m.three_body) + ")")
         for name in ("min_fill", "max_fill", "open_probability"):
             _number(name, getattr(d, name), at_least=0.0, at_most=1.0)
-        datasets.word_pairs(d.T, d.min_fill, d.max_fill)  # some word length fits at this T
-        for task, names in (("brackets", BRACKET_OPTIONS), ("blocks", BLOCK_OPTIONS)):
-            changed = [n for n in names if getattr(d, n) != getattr(DataConfig, n)] if d.task != task else []
+        for other in tasks.REGISTRY.values():  # a task's own options mean nothing to the others: refused
+            changed = [n for n in other.options if getattr(d, n) != getattr(DataConfig, n)] if other.name != d.task \
+                else []
             if changed:
                 raise ValueError(f"{', '.join(changed)} {'is an option' if len(changed) == 1 else 'are options'} "
-                                 f"of task {task!r} only; task {d.task!r} must keep the default")
-        if d.task == "blocks":
-            blocks.check_options(d.T, d.block_size, d.query_size, d.num_blocks, d.conjunction, d.answer)
+                                 f"of task {other.name!r} only; task {d.task!r} must keep the default")
+        tasks.get(d.task).check(d)
         _number("beta2", o.beta2, at_least=0.0)
         if o.beta2 >= 1.0:
             raise ValueError(f"beta2 must lie in [0, 1), got {o.beta2}")

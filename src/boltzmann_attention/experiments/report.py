@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import coattention
+from . import coattention, tasks
 from .config import TrainConfig
 from .plots import plot_couplings, plot_distance, plot_fits, plot_metric
 from .results import BASELINE, INFO_KEYS, Group, Results, Run, load_runs, mode_rank, variant_rank
@@ -62,13 +62,10 @@ __all__ = ["ReportContext", "Results", "Run", "header_section", "load_runs", "pr
 LEVEL_TOLERANCE = 0.25  # percent: "level with softmax" when fewer than 3 seeds allow no test
 MIN_TESTED = 3          # paired seeds needed before a claim is tested
 
-# The headline metric of each task, its difference to softmax and how it is plotted.
-TASK_METRICS = {
-    "shakespeare": {"metric": "ppl", "split": "val", "scale": 1.0, "ylabel": "validation perplexity",
-                    "diff": relative_improvement, "dlabel": "improvement over softmax (%)", "paper_on": "difference"},
-    "brackets": {"metric": "accuracy", "split": "test", "scale": 100.0, "ylabel": "test accuracy (%)",
-                 "diff": point_difference, "dlabel": "difference to softmax (points)", "paper_on": "metric"},
-}
+# The headline metric of each task that reports plot, its difference to softmax and how it is plotted.
+DIFFERENCES = {"relative": relative_improvement, "points": point_difference}
+TASK_METRICS = {name: {**r.plot, "diff": DIFFERENCES[r.plot["diff"]]} for name, r in tasks.REGISTRY.items()
+                if r.plot is not None}
 
 
 @dataclass(frozen=True)

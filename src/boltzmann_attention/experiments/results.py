@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import modes
+from . import tasks
 from .config import MeasureConfig, TrainConfig
 from .train.checkpoints import result_lock, write_result
 
@@ -25,9 +26,6 @@ ARCHIVE = "runs.jsonl.gz"  # every run's result, one JSON per line, written next
 MODE_ORDER = ("softmax", "h+J", "h", "J", "h+K", "h+J+K")
 BASELINE = "softmax"
 INFO_KEYS = ("machine", "processor", "cpus", "torch", "python", "commit")
-
-# The metric each task's reports are about: a run without it (or with an unusable value) is left out.
-HEADLINE = {"shakespeare": ("val", "ppl"), "brackets": ("test", "accuracy"), "blocks": ("test", "error")}
 
 
 # ---------------------------------------------------------------------------------------------- identity
@@ -90,8 +88,8 @@ def metric_problems(task: str, metrics) -> list[str]:
     if not isinstance(metrics, dict):
         return ["metrics is not a dict"]
     found = []
-    if task in HEADLINE:
-        split, key = HEADLINE[task]
+    if task in tasks.REGISTRY:
+        split, key = tasks.REGISTRY[task].headline
         if not isinstance(metrics.get(split), dict) or key not in metrics[split]:
             found.append(f"metrics.{split}.{key} is missing")
     for split, values in metrics.items():

@@ -48,8 +48,7 @@ from ...couplings import ContentCouplings
 from ...ising.meanfield import ConvergenceWarning
 from ...positions import SlotBias
 from ...provenance import machine_info
-from .. import blocks
-from .. import data as datasets
+from .. import tasks
 from ..config import TrainConfig, _integer
 from ..model import Model, ModelConfig, loss_fn
 from .checkpoints import check_output_path, load_checkpoint, read_checkpoint, save_checkpoint
@@ -84,66 +83,23 @@ RESULT_KEYS = ("config", "seed", "steps_run", "wall_time_s", "threads", "metrics
 
 
 class Task:
-    """The data and metrics of one task, behind one interface for the training loop."""
+    """The data and metrics of one task (:mod:`..tasks`), behind one interface for the training loop."""
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        if cfg.data.task == "shakespeare":
-            self.data = datasets.ShakespeareData()
-            self.vocab_size = self.data.vocab.size
-            self.val = self.data.val_windows(cfg.data.T, max_windows=cfg.data.eval_windows)
-        elif cfg.data.task == "blocks":
-            d = cfg.data
-            self.data = blocks.BlockData(d.T, d.block_size, d.query_size, d.num_blocks, conjunction=d.conjunction,
-                                         answer=d.answer)
-            self.vocab_size = self.data.vocab_size
-            self.val = self.data.val
-        else:
-            self.data = datasets.BracketData(
-                cfg.data.T, seed=cfg.seed, num_fillers=cfg.data.num_fillers,
-                sizes=(cfg.data.train_sequences, *datasets.SIZES[1:]), min_fill=cfg.data.min_fill,
-                max_fill=cfg.data.max_fill, open_probability=cfg.data.open_probability,
-                deduplicate=cfg.data.deduplicate)
-            self.vocab_size = self.data.vocab_size
-            self.val = self.data.val
+        self.record = tasks.get(cfg.data.task)
+        self.data = self.record.build(cfg)
+        self.vocab_size = self.data.vocab_size
+        self.val = self.data.val
 
     def batch(self, batch_size: int, generator: torch.Generator):
-        if self.cfg.data.task == "shakespeare":
-            return self.data.train_batch(batch_size, self.cfg.data.T, generator)
-        return self.data.train_batch(batch_size, generator)  # brackets: from the fixed set; blocks: drawn afresh
+        return self.data.batch(batch_size, generator)
 
     @torch.no_grad()
     def evaluate(self, model, split: str = "val", batch_size: int = 256) -> dict:
-        """Shakespeare: loss and perplexity over all positions and at the last position only.
-        Brackets: loss and accuracy of the position head over closing brackets ('accuracy'), and the
-        fraction of sequences with every closing bracket right ('accuracy_sequence'). Blocks: loss, exact-match
-        error and per-token accuracy over the answer (:func:`..blocks.answer_metrics`; with marker answers also the
-        error by what a wrong answer picked)."""
+        """The task's metrics of ``model`` on ``split`` ('val' or 'test')."""
         x, y = self.val if split == "val" else self.data.test
-        if self.cfg.data.task == "blocks":
-            return blocks.answer_metrics(torch.cat([model(xb) for xb in x.split(batch_size)]), y, x)
-        nll_sum = nll_last = correct = count = whole = 0.0
-        for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
-            out = model(xb)
-            nll = torch.nn.functional.cross_entropy(out.transpose(1, 2), yb, ignore_index=-100, reduction="none")
-            labelled = yb != -100
-            nll_sum += float(nll[labelled].sum())
-            count += int(labelled.sum())
-            if self.cfg.data.task == "shakespeare":
-                nll_last += float(nll[:, -1].sum())
-            else:
-                right = out.argmax(-1) == yb
-                correct += int((right & labelled).sum())
-                whole += int((right | ~labelled).all(dim=1).sum())
-        loss = nll_sum / count
-        if self.cfg.data.task == "shakespeare":
-            last = nll_last / len(x)
-            return {"loss": loss, "ppl": _exp(loss), "loss_last": last, "ppl_last": _exp(last)}
-        return {"loss": loss, "accuracy": correct / count, "accuracy_sequence": whole / len(x)}
-
-
-def _exp(x: float) -> float:
-    return math.inf if x > 709.0 else math.exp(x)  # a perplexity beyond float64 is inf, not an OverflowError
+        return self.record.evaluate(model, x, y, batch_size)
 
 
 def _lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -182,7 +138,7 @@ def train(cfg: TrainConfig, *, checkpoint: str | Path | None = None, checkpoint_
           analyses: tuple[Analysis, ...] = ()) -> dict | None:
     """Train one model and return its results (config, metrics, history, learned couplings, timing).
 
-    metrics: 'val' (and 'test' for brackets and blocks) with the configured method. A model trained through a sampled
+    metrics: 'val' (and 'test' when the task has one) with the configured method. A model trained through a sampled
     method (``ising.SAMPLED_METHODS``) is also evaluated with exact marginals, 'val_exact' (and
     'test_exact'), when T is within the exact method's limit.
 
@@ -298,11 +254,11 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
               **machine_info()}
     if memory is not None:
         result["memory"] = memory
-    if cfg.data.task in ("brackets", "blocks"):
+    if "test" in task.record.splits:
         with unconverged.watch("evaluations"):
             result["metrics"]["test"] = task.evaluate(model, "test")
-    if cfg.data.task == "brackets":
-        result["data"] = {f"{split}_in_train": v for split, v in task.data.in_train.items()}
+    if extra := task.record.extra(task.data):
+        result["data"] = extra
     if unconverged.found():
         result["convergence"] = unconverged.summary()
     if cfg.attention.method in ising.SAMPLED_METHODS and cfg.data.T <= ising.methods.REGISTRY["exact"].max_spins:
@@ -310,7 +266,7 @@ def _train(cfg: TrainConfig, checkpoint: Path | None, checkpoint_interval: int, 
         # sampler's own behaviour (noise, and a non-Boltzmann distribution for dqa/sqa) at evaluation
         with marginals_method(model, "exact"):
             result["metrics"]["val_exact"] = task.evaluate(model)
-            if cfg.data.task in ("brackets", "blocks"):
+            if "test" in task.record.splits:
                 result["metrics"]["test_exact"] = task.evaluate(model, "test")
     layers = [learned_priors(block.attn, cfg.data.T) for block in model.blocks]
     if any(layers):
@@ -399,7 +355,7 @@ class Unconverged:
 def model_config(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     """The model of ``cfg`` for a vocabulary: its context length T, architecture, attention, and the task's head."""
     return ModelConfig(vocab_size=vocab_size, max_len=cfg.data.T, arch=cfg.arch, attention=cfg.attention,
-                       head="position" if cfg.data.task == "brackets" else "lm")
+                       head=tasks.get(cfg.data.task).head)
 
 
 def load_final(path: str | Path) -> tuple[Task, Model]:
