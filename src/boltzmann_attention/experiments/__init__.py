@@ -1,23 +1,32 @@
 """The reproduction of the paper's experiments, built on the library (``boltzmann_attention``).
 
-In layers, each importing only those above it in this list (``tests/test_imports.py`` holds the rule):
+In three layers, the blank lines between them; a module imports only from its own layer and those above it
+(``tests/test_imports.py`` holds the rule, and refuses cycles):
 
     data.py      Tiny Shakespeare (bundled in datasets/) and the bracket-matching generator
+    blocks.py    the find-the-block generator (MTA's toy task), its conjunction option and its answer classes
+    tasks.py     one record per task: how to build its data, evaluate a model, its headline and its options
+    config.py    TrainConfig: typed, nested dataclasses, every field with its help
+    arms.py      a study's arm (a mode with its options and method) and its staged grids
     model.py     the paper's model: embeddings, pre-LN blocks with any attention mode, LM or position head
-    train.py     TrainConfig, the training loop, evaluation, checkpoints (bit-exact resume), DDP
+    train/       the training loop, evaluation, checkpoints (bit-exact resume), memory probe, DDP
+    coattention.py, conjunction.py  analyses of trained models that studies ask for
     sweep.py     grids of runs and resumable sweeps over them (generic: no study's grids)
     results.py   loading, checking and grouping run results (runs/*.json or a report's runs.jsonl.gz)
     recipes.py   training recipes several studies share (nanoGPT's configuration, the strong recipe, ...)
+    progress.py  progress bars and lines
 
     stats.py     statistics of every report: over seeds, paired over seeds, Holm, fits
     tables.py    Markdown tables and number formatting
     plots.py     the PNG plots (matplotlib imported inside the functions)
     report.py    the sections every report shares (header, task tables, couplings, samplers, verdicts)
     claims.py    the paper's numbers and claims, checked against runs
+    lr_rule.py   the learning-rate rule that studies apply to each arm
 
     studies/     one folder per study: its grids and report (__init__.py), protocol.md, decisions.json;
                  studies/__init__.py is the registry that finds them
     cli.py       the ``boltzmann-attention`` command
+    benchmarks/  the ``boltzmann-attention-bench`` command: step times, layers, samplers
 
 The library never imports this package; this package imports the library.
 """
