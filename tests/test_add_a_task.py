@@ -31,7 +31,7 @@ class PreviousTokenData:
         return self._draw(batch_size, generator)
 
 
-RECORD = tasks.TaskRecord(name=NAME, build=PreviousTokenData, evaluate=tasks.position_metrics,
+RECORD = tasks.TaskRecord(name=NAME, build=PreviousTokenData, evaluate=tasks.accuracy_metrics,
                           headline=("test", "accuracy"))
 
 

@@ -68,6 +68,8 @@ class DataConfig:
                                       "together name the target (needs L >= 2 and 3 blocks)")
     answer: str = option("letters", "blocks: the answer after '=': the target block's letters, or its marker (one "
                                     "token; each block then starts with a random marker)", choices=blocks.ANSWERS)
+    modulus: int = option(32, "match3: the residues' modulus M (is there a pair j < k < T with x_T + x_j + x_k = 0 "
+                              "mod M?)")
 
 
 @dataclass
