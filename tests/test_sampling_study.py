@@ -1,4 +1,4 @@
-"""The sampling study's dqa-boltzmann profile (issue 15): its grids, and its report on planted results."""
+"""The sampling study's dqa-boltzmann profile: its grids, and its report on planted results."""
 
 import json
 import math

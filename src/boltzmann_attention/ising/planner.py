@@ -132,13 +132,13 @@ class Bucket(NamedTuple):
     """One call of a plan: ``count`` patterns padded to ``size`` spins, each pattern's present spins first
     (ascending), then the padding index n."""
 
-    count: int      # nb, patterns in the bucket
-    size: int       # L, spins per padded system
+    nb: int         # patterns in the bucket
+    L: int          # spins per padded system
     free: Tensor    # (nb,) log 2 per padded spin, taken out of log Z
     flat: Tensor    # (nb L L,) indices of the sub-J's entries in the padded (n + 1)^2 J
     hidx: Tensor    # (G, nb q L) indices of the sub-h's entries in the padded (G, Q (n + 1)) h
-    queries: Tensor  # (G, nb q) its queries
-    spins: Tensor   # (nb, L) each pattern's spins
+    qidx: Tensor    # (G, nb q) its queries
+    idx: Tensor     # (nb, L) each pattern's spins
 
 
 class Plan:
