@@ -279,3 +279,18 @@ def test_variants_against_the_default(fair_report):
     # planted: h is +1 under learn-half-log-T and -5 under fixed-log-T, on the same per-seed offsets
     expected = np.mean([(planted_ppl(1.0, s) - planted_ppl(-5.0, s)) / planted_ppl(1.0, s) * 100 for s in SEEDS])
     assert table["fixed-log-T"]["h"].startswith(f"{expected:+.2f} [")
+
+
+def test_the_shared_recipe_is_what_the_studies_decided():
+    """recipes.py states the fair and baselines studies' decisions as constants; the studies own them in their
+    decisions.json, and the two must not drift apart."""
+    import json
+    from pathlib import Path
+
+    from boltzmann_attention.experiments import recipes, studies
+
+    folder = Path(studies.__file__).parent
+    fair = json.loads((folder / "fair" / "decisions.json").read_text())
+    baselines = json.loads((folder / "baselines" / "decisions.json").read_text())
+    assert recipes.DEFAULT_FIELD_BIAS == fair["CHOSEN_FIELD_BIAS"]
+    assert recipes.CHOSEN_INIT == baselines["CHOSEN_INIT"] and recipes.BEST_LR == baselines["BEST_LR"]
