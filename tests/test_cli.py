@@ -25,7 +25,7 @@ def test_train_help_shows_choices_defaults_and_help(capsys):
     with pytest.raises(SystemExit):
         cli.main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    for text in ("{shakespeare,brackets,blocks}", "{softmax,h,J,h+J,h+K,h+J+K,h+J-step,fox,stickbreaking,mta}",
+    for text in ("{shakespeare,brackets,blocks,match3}", "{softmax,h,J,h+J,h+K,h+J+K,h+J-step,fox,stickbreaking,mta}",
                  "{torch,gpt2}", "{full,relative,window,keys,query}", "--learn-field-bias {true,false}",
                  "peak learning rate (AdamW) (default: 0.003)", "(default: -log(T) / 2)", "exact,gibbs"):
         assert text in out, text

@@ -132,7 +132,7 @@ def test_an_option_moves_the_limit_it_names():
     assert REGISTRY["exact"].spin_limit({"max_spins": 10}) == 10 and REGISTRY["exact"].spin_limit({}) == 24
     assert REGISTRY["banded"].bandwidth_limit({"max_bandwidth": 5}) == 5
     assert REGISTRY["dqa"].spin_limit({"max_spins": 99}) == 16  # dqa takes no such option
-    with pytest.raises(ValueError, match="limit of method 'exact', 10 spins per query; use coupling='window'"):
+    with pytest.raises(ValueError, match=r"'exact', 10 spins per query \(option max_spins\); use coupling='window'"):
         TrainConfig.build(T=12, mode="h+J", method="exact", method_options={"max_spins": 10}).validate()
     with pytest.raises(ValueError, match="beyond its max_bandwidth 5; set coupling_range <= 5"):
         TrainConfig.build(T=12, mode="h+J", method="banded", coupling="relative", coupling_range=6,

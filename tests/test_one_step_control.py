@@ -94,7 +94,7 @@ def test_convert_takes_full_couplings_of_any_length_for_the_control():
     model = bt.convert(transformers.GPT2LMHeadModel(config), mode="h+J-step", coupling="full",
                        coupling_init_std=0.1)
     assert torch.isfinite(model(torch.randint(0, 20, (1, 40))).logits).all()
-    with pytest.raises(ValueError, match="more than its limit of 24"):
+    with pytest.raises(ValueError, match="beyond the limit of method 'exact', 24 spins per query"):
         bt.convert(transformers.GPT2LMHeadModel(config), mode="h+J", coupling="full")
 
 

@@ -328,7 +328,7 @@ def test_grad_clip_inf_disables_clipping_and_good_configs_pass():
         warnings.simplefilter("error")
         TrainConfig.build(grad_clip=math.inf).validate()
         TrainConfig.build(d_ff=0, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.0, field_bias_init=-1.5,
-                    method="banded", method_options={"bandwidth": 3}).validate()
+                          coupling="relative", coupling_range=3, method="banded").validate()
         TrainConfig.build(steps=11, warmup_steps=10).validate()
         # the window is exact at any T (its limit is on W), banded needs only the range within its limit
         TrainConfig.build(T=64, coupling="window", coupling_window=16).validate()

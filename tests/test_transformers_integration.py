@@ -225,9 +225,12 @@ def test_loading_an_unconverted_checkpoint_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"mode": "h+J", "coupling": "full"}, r"max_len = 32 spins .* limit of 24 .*coupling='window'.*mode='h'"),
-    ({"mode": "h+J", "coupling": "relative", "method": "exact"}, r"limit of 24"),
-    ({"mode": "h+J", "coupling": "relative", "method": "banded"}, r"coupling_range = 31 .* max_bandwidth = 16"),
+    ({"mode": "h+J", "coupling": "full"},
+     r"max_len \(the model's max_position_embeddings\) = 32 is beyond the limit of method 'exact', 24 spins per "
+     r"query.*coupling='window'.*mode='h'"),
+    ({"mode": "h+J", "coupling": "relative", "method": "exact"}, r"limit of method 'exact', 24 spins"),
+    ({"mode": "h+J", "coupling": "relative", "method": "banded"},
+     r"coupling range w = 31 \(max_len .* - 1, the default\), beyond its max_bandwidth 16"),
     ({"mode": "h+J", "coupling": "full", "method": "banded"}, r"no band"),
     ({"mode": "softmax"}, r"'sdpa' or 'eager'"),
     ({"mode": "h+J+K"}, r"three-body"),
@@ -238,7 +241,8 @@ def test_loading_an_unconverted_checkpoint_is_refused(tmp_path):
     ({"coupling": "window", "coupling_window": 30}, r"W <= 24"),
     ({"mode": "h+J", "method": "nope"}, r"unknown method 'nope'"),
     ({"mode": "h+J", "coupling": "keys", "coupling_range": 3, "method": "chain"}, r"BoltzmannAttention only"),
-    ({"mode": "h", "coupling": "window", "coupling_window": 4}, r"mode 'h' has no couplings .* would be ignored"),
+    ({"mode": "h", "coupling": "window", "coupling_window": 4},
+     r"mode 'h' does not use \['coupling', 'coupling_window'\] .* would be ignored"),
     ({"mode": "h+J", "coupling": "relative", "method": "meanfield", "method_options": {"tolerance": 1}},
      r"unknown option\(s\) \['tolerance'\]"),
     ({"mode": "h+J", "coupling": "relative", "method": "meanfield", "method_options": {"x": object()}},

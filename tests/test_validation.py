@@ -26,7 +26,7 @@ REFUSED = {
                            "mode 'h' does not use coupling, coupling_window"),
     "negative window": (dict(mode="h+J", coupling="window", coupling_window=-5),
                         dict(coupling_window=-5, is_causal=True), "integer >= 1"),
-    "window without coupling='window'": (dict(mode="h+J", coupling_window=-5), None, "go together"),
+    "window without coupling='window'": (dict(mode="h+J", coupling_window=4), None, "go together"),
     "a method for mode h": (dict(mode="h", method="banded"), dict(mode="h", method="banded"),
                             "mode 'h' does not use method"),
     "method options for softmax": (dict(mode="softmax", method_options={"max_spins": 3}),

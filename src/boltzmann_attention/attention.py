@@ -32,6 +32,7 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 from . import coupled_window, ising, modes, recency
 from .couplings import ContentCouplings, FullCouplings, RelativeCouplings, ThreeBodyCouplings, WindowCouplings
 from .mta import KeyQueryKernel, multi_token_attention
+from .options import OPTIONS
 from .positions import SlotBias, alibi_bias, alibi_slopes, rotary
 from .validation import (
     MODES,
@@ -315,14 +316,8 @@ class BoltzmannAttention(nn.Module):
                  coupling_rank: int = 16):
         super().__init__()
         check_layer_sizes(embed_dim, num_heads, max_len, coupling_init_std, field_bias_init)
-        check_layer_options(mode, method, method_options, causal=causal, head_dim=embed_dim // num_heads,
-                            coupling=coupling, coupling_window=coupling_window,
-                            coupling_window_relative=coupling_window_relative, coupling_range=coupling_range,
-                            position=position, slot_bias=slot_bias,
-                            slot_bias_parametrization=slot_bias_parametrization, coupling_init_std=coupling_init_std,
-                            field_bias_init=field_bias_init, learn_field_bias=learn_field_bias, bias=bias,
-                            mta_kernel_queries=mta_kernel_queries, mta_kernel_keys=mta_kernel_keys,
-                            coupling_rank=coupling_rank)
+        given = {name: value for name, value in locals().items() if name in OPTIONS}  # every option, by its name
+        check_layer_options(head_dim=embed_dim // num_heads, **given)
         record = modes.RECORDS[mode]
         uses_field, uses_J, uses_K = record.field, record.couplings, record.three_body
         if coupling_range is None:

@@ -2,10 +2,10 @@
 
 Everything that lists, parses or validates modes reads :data:`RECORDS`: the names (``MODES``: the functional
 form's; ``LAYER_MODES``: the module's, with the learned-recency baselines), which are views of the table read
-at each use, and the rule that an option a mode does not use keeps its default (:func:`unused_options`), so
-that it is refused rather than silently ignored. Adding a mode is adding its record to :data:`RECORDS`: a
-closed form of the field gives its ``weights`` function, and the layer, the training config, the CLI and
-``convert`` take it from there.
+at each use. Which options a mode uses is said by each option's record (:mod:`boltzmann_attention.options`),
+from the mode's fields, so that an option a mode does not use is refused rather than silently ignored. Adding a
+mode is adding its record to :data:`RECORDS`: a closed form of the field gives its ``weights`` function, and the
+layer, the training config, the CLI and ``convert`` take it from there.
 """
 
 from __future__ import annotations
@@ -126,23 +126,6 @@ RECENCY_MODES = Names(lambda m: m.recency)
 WINDOW_MODES = Names(lambda m: m.window)
 
 
-# the module's options that only some modes use: name -> (its default, which modes use it)
-USED_BY = {
-    "method": ("exact", lambda m: m.marginals),
-    "method_options": ({}, lambda m: m.marginals),
-    "coupling": ("full", lambda m: m.couplings),
-    "coupling_range": (None, lambda m: m.couplings),
-    "coupling_window": (None, lambda m: m.couplings),
-    "coupling_window_relative": (False, lambda m: m.couplings),
-    "coupling_rank": (16, lambda m: m.couplings),
-    "coupling_init_std": (0.0, lambda m: m.couplings or m.three_body),
-    "field_bias_init": (None, lambda m: m.field_bias),
-    "learn_field_bias": (True, lambda m: m.field_bias),
-    "mta_kernel_queries": (2, lambda m: m.convolution),
-    "mta_kernel_keys": (9, lambda m: m.convolution),
-}
-
-
 def get(name, choices: Sequence[str] = LAYER_MODES) -> Mode:
     """The record of mode ``name``; ValueError naming the choices for an unknown one."""
     if not isinstance(name, str) or name not in choices:
@@ -150,19 +133,4 @@ def get(name, choices: Sequence[str] = LAYER_MODES) -> Mode:
     return RECORDS[name]
 
 
-def unused_options(mode: str, **options) -> list[str]:
-    """The names among ``options`` (of :data:`USED_BY`) that ``mode`` does not use and that differ from their
-    defaults (None counts as the default of method_options)."""
-    record = get(mode)
-    out = []
-    for name, value in options.items():
-        default, used = USED_BY[name]
-        if name == "method_options" and value is None:
-            value = {}
-        if not used(record) and not (value is default or value == default):
-            out.append(name)
-    return out
-
-
-__all__ = ["LAYER_MODES", "MODES", "RECENCY_MODES", "RECORDS", "USED_BY", "WINDOW_MODES", "Mode", "Names", "get",
-           "unused_options"]
+__all__ = ["LAYER_MODES", "MODES", "RECENCY_MODES", "RECORDS", "WINDOW_MODES", "Mode", "Names", "get"]

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention.bias import CausalBias
 
-from . import ising, modes
+from . import ising, modes, options
 from .ising import checks
 from .ising import window as window_ising
 from .ising._inputs import _check_finite as check_finite
@@ -31,15 +31,11 @@ from .ising._inputs import check_int, check_pairwise, check_real
 from .ising.checks import VALUE_CHECKS, value_checks  # noqa: F401 (the layer's public policy)
 from .ising.methods import methods_with, resolve_method
 from .modes import LAYER_MODES, MODES, RECENCY_MODES, WINDOW_MODES
+from .options import CONTENT_COUPLINGS, COUPLINGS, POSITIONS, SLOT_BIAS_PARAMETRIZATIONS  # noqa: F401 (re-exported)
 
 __all__ = ["MODES", "RECENCY_MODES", "LAYER_MODES", "POSITIONS", "COUPLINGS", "WINDOW_MODES", "mode_terms",
-           "check_options", "check_layer_options", "check_call", "check_values", "check_layer_sizes", "check_sizes",
-           "check_finite", "check_int", "check_real", "VALUE_CHECKS", "value_checks"]
-
-POSITIONS = ("rope", "alibi")  # the module's relative position schemes (boltzmann_attention.positions)
-SLOT_BIAS_PARAMETRIZATIONS = ("direct", "pairs")  # positions.SlotBias: a scalar per slot, or plus a pair table's field
-COUPLINGS = ("full", "relative", "window", "keys", "query")
-CONTENT_COUPLINGS = ("keys", "query")  # computed from each call's keys (and queries): the module's only
+           "check_options", "check_layer_options", "check_length", "check_call", "check_values", "check_layer_sizes",
+           "check_sizes", "check_finite", "check_int", "check_real", "VALUE_CHECKS", "value_checks"]
 
 
 def mode_terms(mode: str) -> tuple[bool, bool, bool]:
@@ -48,10 +44,10 @@ def mode_terms(mode: str) -> tuple[bool, bool, bool]:
     return record.field, record.couplings, record.three_body
 
 
-def _names(names: tuple[str, ...]) -> str:
-    """'a', 'a' and 'b', 'a', 'b' and 'c'."""
+def _names(names: tuple[str, ...], conjunction: str = "and") -> str:
+    """'a', 'a' and 'b', 'a', 'b' and 'c' (or 'or')."""
     quoted = [repr(n) for n in names]
-    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + f" {conjunction} " + quoted[-1]
 
 
 def _check_bool(name: str, flag) -> None:
@@ -59,9 +55,9 @@ def _check_bool(name: str, flag) -> None:
         raise ValueError(f"{name} must be True or False, got {flag!r}")
 
 
-def _refuse_unused(mode: str, **options) -> None:
+def _refuse_unused(mode: str, /, **given) -> None:
     """ValueError naming the options that ``mode`` does not use and that differ from their defaults."""
-    unused = modes.unused_options(mode, **options)
+    unused = options.unused(mode, **given)
     if unused:
         raise ValueError(f"mode {mode!r} does not use {', '.join(unused)}: keep {'it' if len(unused) == 1 else 'them'} "
                          "at the default (a value there would be ignored)")
@@ -84,7 +80,7 @@ def check_options(mode: str, method, method_options: dict | None, *, causal: boo
                    coupling_window_relative=coupling_window_relative)
     if method_options is not None and not isinstance(method_options, dict):
         raise ValueError(f"method_options must be a dict or None, got {type(method_options).__name__}")
-    options = method_options or {}
+    given = method_options or {}
     if not isinstance(coupling, str) or coupling not in COUPLINGS:
         raise ValueError(f"unknown coupling {coupling!r}; choose one of {COUPLINGS}")
     if coupling_range is not None:
@@ -98,7 +94,7 @@ def check_options(mode: str, method, method_options: dict | None, *, causal: boo
     if coupling != "window":
         if coupling_window_relative:
             raise ValueError(f"coupling_window_relative applies to coupling='window' only, got coupling={coupling!r}")
-        ising.validate_options(method, options)  # names and values: now, not at the first forward
+        ising.validate_options(method, given)  # names and values: now, not at the first forward
         if modes.get(mode).three_body and not resolve_method(method).three_body:
             raise ValueError(f"mode {mode!r} has three-body couplings, which method {method!r} does not take; use "
                              f"one of the methods {_names(methods_with('three_body'))}")
@@ -111,12 +107,48 @@ def check_options(mode: str, method, method_options: dict | None, *, causal: boo
                          f"got {method!r}")
     if not causal:
         raise ValueError("coupling_window needs is_causal=True (slot a is key i - a, the keys before query i)")
-    unknown = set(options) - {"max_spins"}
+    unknown = set(given) - {"max_spins"}
     if unknown:
         raise ValueError(f"unknown method_options {sorted(unknown)} for coupling_window; it takes 'max_spins'")
-    ising.validate_options(method, options)
+    ising.validate_options(method, given)
     coupling_window = check_int("coupling_window", coupling_window, 1)  # any integral type, as every size
-    window_ising.check_window(None, coupling_window, options.get("max_spins", window_ising.MAX_SPINS))
+    window_ising.check_window(None, coupling_window, given.get("max_spins", window_ising.MAX_SPINS))
+
+
+def check_length(method, n: int, coupling: str, coupling_range: int | None, method_options: dict | None, *,
+                 length: str = "T") -> None:
+    """ValueError, naming the limit and the alternatives, when method ``method`` cannot solve a layer whose queries
+    see up to ``n`` keys with these couplings: the spins one query enumerates (every coupling but the window, which
+    bounds them) and the band of couplings it solves (relative and content couplings up to ``coupling_range``, n - 1
+    by default; full couplings have no band). ``length`` names n in the message (the config's T, the adapter's
+    max_len). The one rule for the training config and ``convert()``."""
+    record, given = resolve_method(method), method_options or {}
+    if coupling_range is not None:
+        check_int("coupling_range", coupling_range, 0)
+    limit, most = record.spin_limit(given), record.bandwidth_limit(given)
+    name = method if isinstance(method, str) else type(method).__name__
+    if coupling != "window" and limit is not None and n > limit:
+        option = " (option max_spins)" if "max_spins" in record.options else ""
+        raise ValueError(f"{length} = {n} is beyond the limit of method {name!r}, {limit} spins per query{option}; use "
+                         f"coupling='window' (exact at any length), coupling='relative' with method "
+                         f"{_names(methods_with('max_bandwidth'), 'or')} (exact), or method "
+                         f"{_names(_approximate(), 'or')} (any length); or mode='h' (no couplings)")
+    if most is None:
+        return
+    if coupling == "full":
+        raise ValueError(f"coupling='full' couples every pair of keys, so method {name!r} has no band to use; use "
+                         f"coupling='relative' with coupling_range <= {most}, or coupling='window'")
+    if coupling in ("relative",) + CONTENT_COUPLINGS:
+        width = n - 1 if coupling_range is None else coupling_range
+        if width > most:
+            default = f" ({length} - 1, the default)" if coupling_range is None else ""
+            raise ValueError(f"method {name!r} runs a chain of 2^w states for coupling range w = {width}{default}, "
+                             f"beyond its max_bandwidth {most}; set coupling_range <= {most}, or use method "
+                             f"{_names(_approximate(), 'or')} (any range), or coupling='window'")
+
+
+def _approximate() -> tuple[str, ...]:
+    return tuple(n for n, m in ising.methods.REGISTRY.items() if m.kind == "approximate")
 
 
 def check_call(query: Tensor, key: Tensor, value: Tensor, *, couplings, three_body, mode: str, method,
@@ -224,62 +256,44 @@ def check_values(mode: str, query: Tensor, key: Tensor, field: Tensor | None,
         check_finite(name, x)
 
 
-def check_layer_options(mode: str, method, method_options: dict | None, *, causal: bool, head_dim: int,
-                        coupling: str = "full", coupling_window: int | None = None,
-                        coupling_window_relative: bool = False, coupling_range: int | None = None,
-                        position: str | None = None, slot_bias: int | None = None,
-                        slot_bias_parametrization: str = "direct", coupling_init_std: float = 0.0,
-                        field_bias_init: float | None = None, learn_field_bias: bool = True,
-                        bias: bool = True, mta_kernel_queries: int = 2, mta_kernel_keys: int = 9,
-                        coupling_rank: int = 16) -> None:
-    """:func:`check_options` for the module, which also takes the module-only modes (the recency modes 'fox' and
-    'stickbreaking', and 'mta' with its kernel of ``mta_kernel_queries`` x ``mta_kernel_keys``: softmax variants
-    without couplings or marginals), a position scheme (None, 'rope' or 'alibi'), ``slot_bias`` (None
-    or the number W >= 1 of slots with a learned bias) and its ``slot_bias_parametrization`` (one of
-    SLOT_BIAS_PARAMETRIZATIONS; only with a slot bias). An option the mode does not use (its record in
-    :mod:`.modes`) must keep its default: it would be ignored."""
+def check_layer_options(*, head_dim: int, **given) -> None:
+    """The module's options (``given``: any of :data:`.options.OPTIONS`, by name; the others at their defaults):
+    each value by its record, then the rule that an option the mode does not use keeps its default (it would be
+    ignored), then the rules that tie options together: :func:`check_options` for the modes with marginals or
+    a closed form, and for the module only the learned-recency modes ('fox', 'stickbreaking') and 'mta' (causal
+    softmax variants without couplings or marginals), the content couplings, the position scheme (rope needs
+    queries and keys with an even head dimension) and the slot bias's parametrisation (with a slot bias only)."""
+    unknown = sorted(set(given) - set(options.OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown layer option(s) {unknown}; the layer takes {list(options.OPTIONS)}")
+    o = {name: given.get(name, record.default) for name, record in options.OPTIONS.items()}
+    options.check_values(**o)
+    mode = o["mode"]
     record = modes.get(mode)
-    _check_bool("causal", causal)
-    _check_bool("learn_field_bias", learn_field_bias)
-    _check_bool("bias", bias)
-    _refuse_unused(mode, method=method, method_options=method_options, coupling=coupling,
-                   coupling_range=coupling_range, coupling_window=coupling_window,
-                   coupling_window_relative=coupling_window_relative, coupling_init_std=coupling_init_std,
-                   field_bias_init=field_bias_init, learn_field_bias=learn_field_bias,
-                   mta_kernel_queries=mta_kernel_queries, mta_kernel_keys=mta_kernel_keys, coupling_rank=coupling_rank)
-    check_int("coupling_rank", coupling_rank, 1)
+    _refuse_unused(mode, **{name: value for name, value in o.items() if name in given and name != "mode"})
+    coupling = o["coupling"]
     if coupling in CONTENT_COUPLINGS:
         if not record.field or record.three_body:
             raise ValueError(f"coupling={coupling!r} computes J from the keys and queries: it needs mode 'h+J' or "
                              f"'h+J-step', got {mode!r}")
-    elif coupling_rank != 16:
+    elif not options.OPTIONS["coupling_rank"].is_default(o["coupling_rank"]):
         raise ValueError(f"coupling_rank applies to coupling='keys' or 'query' only, got coupling={coupling!r}: keep "
-                         "it at 16 (a value there would be ignored)")
-    if record.recency and not causal:
-        raise ValueError(f"mode {mode!r} is causal only (a learned recency over the keys before the query)")
-    if record.convolution:
-        check_int("mta_kernel_queries", mta_kernel_queries, 1)
-        check_int("mta_kernel_keys", mta_kernel_keys, 1)
-        if not causal:
-            raise ValueError(f"mode {mode!r} is causal only (its convolution reads the query's predecessors)")
+                         f"it at {options.OPTIONS['coupling_rank'].default} (a value there would be ignored)")
+    if (record.recency or record.convolution) and not o["causal"]:
+        what = "a learned recency over the keys before the query" if record.recency else \
+            "its convolution reads the query's predecessors"
+        raise ValueError(f"mode {mode!r} is causal only ({what})")
     if not record.module_only:
-        check_options(mode, method, method_options, causal=causal, coupling=coupling, coupling_window=coupling_window,
-                      coupling_window_relative=coupling_window_relative, coupling_range=coupling_range)
-    if position is not None:
-        if not isinstance(position, str) or position not in POSITIONS:
-            raise ValueError(f"unknown position {position!r}; choose None or one of {POSITIONS}")
-        if position == "rope" and mode == "J":
-            raise ValueError("position 'rope' rotates queries and keys, which mode 'J' does not have")
-        if position == "rope" and head_dim % 2:
-            raise ValueError(f"position 'rope' rotates channel pairs: the head dimension {head_dim} must be even")
-    if slot_bias is not None:
-        check_int("slot_bias", slot_bias, 1)
-    if not isinstance(slot_bias_parametrization, str) or slot_bias_parametrization not in SLOT_BIAS_PARAMETRIZATIONS:
-        raise ValueError(f"unknown slot_bias_parametrization {slot_bias_parametrization!r}; choose one of "
-                         f"{SLOT_BIAS_PARAMETRIZATIONS}")
-    if slot_bias is None and slot_bias_parametrization != "direct":
-        raise ValueError(f"slot_bias_parametrization {slot_bias_parametrization!r} parametrises the slot bias: set "
-                         "slot_bias = W as well")
+        check_options(mode, o["method"], o["method_options"], causal=o["causal"], coupling=coupling,
+                      coupling_window=o["coupling_window"], coupling_window_relative=o["coupling_window_relative"],
+                      coupling_range=o["coupling_range"])
+    if o["position"] == "rope" and mode == "J":
+        raise ValueError("position 'rope' rotates queries and keys, which mode 'J' does not have")
+    if o["position"] == "rope" and head_dim % 2:
+        raise ValueError(f"position 'rope' rotates channel pairs: the head dimension {head_dim} must be even")
+    if o["slot_bias"] is None and o["slot_bias_parametrization"] != "direct":
+        raise ValueError(f"slot_bias_parametrization {o['slot_bias_parametrization']!r} parametrises the slot bias: "
+                         "set slot_bias = W as well")
 
 
 def check_sizes(init_std: float = 0.0, **sizes: int) -> None:

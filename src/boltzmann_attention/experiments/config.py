@@ -10,7 +10,8 @@
 Every field has a name that is unique across the sections, its *flat name* (``lr``, ``mode``, ``T``). Grids,
 ``--set FIELD=VALUE``, the CLI's flags and the result tables address fields by it; :meth:`TrainConfig.flat`
 and :meth:`TrainConfig.from_flat` convert. Each field carries its help text (``metadata["help"]``), from
-which the CLI builds its flags, so an option is defined once: here and, for the attention, in the layer.
+which the CLI builds its flags, so an option is defined once: here and, for the attention, in its record
+(:mod:`boltzmann_attention.options`), from which ``AttentionConfig`` is generated.
 
 Results written before the nesting hold the flat dict; :meth:`TrainConfig.from_flat` reads them, filling the
 fields that did not exist yet with the values those runs used (``LEGACY``).
@@ -21,18 +22,17 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 
 import torch
 
 from .. import ising, modes
 from ..attention import BoltzmannAttention
-from ..ising.methods import REGISTRY, resolve_method
-from ..validation import LAYER_MODES, SLOT_BIAS_PARAMETRIZATIONS
+from ..options import OPTIONS, unused
+from ..validation import LAYER_MODES, check_length
 from . import blocks, tasks
 
 TASKS = tuple(tasks.REGISTRY)  # the tasks known when the config module loads (the CLI's choices)
-COUPLINGS = ("full", "relative", "window", "keys", "query")
 POSITIONS = ("learned", "rope", "alibi", "none")
 LAYER_POSITION = {"learned": None, "rope": "rope", "alibi": "alibi", "none": None}  # the layer's option
 INITS = ("torch", "gpt2")
@@ -84,37 +84,16 @@ class ArchConfig:
                                       "attention layer, no absolute embedding), none", choices=POSITIONS)
 
 
-@dataclass
-class AttentionConfig:
-    """BoltzmannAttention's keyword options, by the same names (the layer checks them, once)."""
+def attention_config(records: dict = OPTIONS) -> type:
+    """The attention section's dataclass, generated from the layer's option records: BoltzmannAttention's keyword
+    options by the same names, types, defaults, help and choices (the layer checks them, once); those the model
+    sets (causality, the projections' biases, the position scheme) are not in it."""
+    return make_dataclass("AttentionConfig", [
+        (o.name, o.type, option(o.default_in_config, o.help, **({"choices": o.choices} if o.choices else {})))
+        for o in records.values() if o.in_config])
 
-    mode: str = option("h+J", "attention mode (softmax; h: sigmoid attention; J: couplings only; h+J: Boltzmann "
-                              "attention; h+K, h+J+K: three-body couplings; h+J-step: one mean-field step; fox, "
-                              "stickbreaking: learned-recency softmax baselines; mta: multi-token attention's "
-                              "key-query convolution)", choices=LAYER_MODES)
-    method: str = option("exact", "how the marginals are computed (see the README's methods table)")
-    method_options: dict = option({}, "JSON object of options for the marginal method, e.g. '{\"bandwidth\": 4}'")
-    coupling: str = option("full", "full: a free J for every pair of positions; relative: J = f(|j - k|); window: "
-                                   "J between the last coupling_window keys of each query, by slot (any T); keys: "
-                                   "J_jk from rank-r projections of keys j and k; query: J_jk(i), trilinear in "
-                                   "query i and keys j, k (keys and query: zero beyond coupling_range)",
-                           choices=COUPLINGS)
-    coupling_range: int | None = option(None, "relative, keys, query: J = 0 beyond this distance (none: T - 1)")
-    coupling_rank: int = option(16, "keys, query: the rank r of the projections the couplings are computed from")
-    coupling_window: int | None = option(None, "window: the number W of coupled keys of each query")
-    coupling_window_relative: bool = option(False, "window: J_ab = f(|a - b|) instead of a free (W, W) matrix")
-    coupling_init_std: float = option(0.0, "standard deviation of J at initialisation (0: J starts at zero)")
-    field_bias_init: float | None = option(None, "initial field bias per head (none: -log(T) / 2)")
-    learn_field_bias: bool = option(True, "whether the field bias is learned")
-    slot_bias: int | None = option(None, "W: a learned bias per head on the score or field of each query's last W "
-                                         "keys, by distance (none: off)")
-    slot_bias_parametrization: str = option("direct", "the slot bias: direct (a free scalar per slot) or pairs (plus "
-                                                      "the per-slot field -sum_b P_ab of a pair table P, "
-                                                      "parametrised as the coupled window's J)",
-                                            choices=SLOT_BIAS_PARAMETRIZATIONS)
-    mta_kernel_queries: int = option(2, "mta: the convolution's extent over queries (the query and its "
-                                        "predecessors)")
-    mta_kernel_keys: int = option(9, "mta: the convolution's extent over keys, centred on the key")
+
+AttentionConfig = attention_config()
 
 
 @dataclass
@@ -304,30 +283,12 @@ class TrainConfig:
                           f"reaches lr and never decays", stacklevel=2)
 
     def _check_limits(self) -> None:
-        """The marginal method's size limits at this T, read from its record: the spins a query enumerates
-        (T unless the window bounds them), the band of couplings it solves (the coupling range, T - 1 by
-        default)."""
-        a, T = self.attention, self.data.T
-        method, record = resolve_method(a.method), modes.get(a.mode)
-        limit = method.spin_limit(a.method_options)
-        if record.marginals and limit is not None and T > limit and a.coupling != "window":
-            raise ValueError(f"T = {T} is beyond the limit of method {a.method!r}, {limit} spins per query; use "
-                             f"coupling='window' (exact at any T), coupling='relative' with method "
-                             f"{_with('max_bandwidth')} (exact), or method {_with('approximate')} (any T)")
-        most = method.bandwidth_limit(a.method_options)
-        if a.coupling in ("relative", "keys", "query") and most is not None and record.couplings:
-            width = T - 1 if a.coupling_range is None else a.coupling_range
-            if width > most:
-                raise ValueError(f"method {a.method!r} runs a chain of 2^w states for coupling range w = {width}"
-                                 f"{' (T - 1, the default)' if a.coupling_range is None else ''}, beyond its "
-                                 f"max_bandwidth {most}; set coupling_range <= {most}")
-
-
-def _with(what: str) -> str:
-    """The registered methods that solve a band of couplings ('max_bandwidth') or approximate ('approximate'),
-    for error messages."""
-    names = [n for n, m in REGISTRY.items() if (m.kind == what if what == "approximate" else getattr(m, what))]
-    return " or ".join(map(repr, names))
+        """The marginal method's size limits at this T (:func:`..validation.check_length`), for a mode whose
+        couplings a method solves."""
+        a = self.attention
+        record = modes.get(a.mode)
+        if record.marginals:
+            check_length(a.method, self.data.T, a.coupling, a.coupling_range, a.method_options)
 
 
 def _without_unused(cfg: TrainConfig) -> TrainConfig:
@@ -336,8 +297,8 @@ def _without_unused(cfg: TrainConfig) -> TrainConfig:
     them, so the defaults describe the same model."""
     a = cfg.attention
     if a.mode in modes.RECORDS:
-        for name in modes.unused_options(a.mode, **{n: getattr(a, n) for n in modes.USED_BY}):
-            setattr(a, name, modes.USED_BY[name][0] if name != "method_options" else {})
+        for name in unused(a.mode, **{f.name: getattr(a, f.name) for f in fields(a)}):
+            setattr(a, name, OPTIONS[name].default_in_config)
     return cfg
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import modes
+from ..options import OPTIONS
 from . import tasks
 from .config import MeasureConfig, TrainConfig
 from .train.checkpoints import result_lock, write_result
@@ -358,6 +359,6 @@ class Results:
             return own
         parent, differ = self.parents[variant]
         softmax = modes.get(BASELINE)
-        if all(name in modes.USED_BY and not modes.USED_BY[name][1](softmax) for name in differ):
+        if all(name in OPTIONS and not OPTIONS[name].used(softmax) for name in differ):
             return self.pick(task, parent, T, BASELINE, method)
         return None

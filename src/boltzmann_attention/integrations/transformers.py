@@ -60,6 +60,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .. import ising, modes
 from ..attention import BoltzmannAttention, RelativeCouplings, boltzmann_attention, parameter_groups
+from ..options import unused
+from ..validation import check_length
 
 __all__ = ["NAME", "OPTIONS", "BoltzmannParameters", "attention_forward", "attention_modules", "convert",
            "from_pretrained", "parameter_groups", "register", "with_defaults"]
@@ -332,12 +334,10 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
         raise ValueError("method_options must be JSON-serialisable (numbers, strings, booleans): convert() stores "
                          f"them in model.config; got {method_options!r}") from None
     uses_J = modes.RECORDS[mode].couplings
-    if not uses_J:
-        unused = [k for k in ("coupling", "coupling_window", "coupling_window_relative", "coupling_range", "method",
-                              "method_options", "coupling_init_std") if opts[k] != DEFAULTS[k]]
-        if unused:
-            raise ValueError(f"mode {mode!r} has no couplings (sigmoid attention, in closed form), so {unused} would "
-                             "be ignored: drop them, or use mode 'h+J'")
+    ignored = unused(mode, **{k: v for k, v in options.items() if k != "mode"})
+    if ignored:
+        raise ValueError(f"mode {mode!r} does not use {ignored} (it has no couplings: sigmoid attention, in closed "
+                         "form), so they would be ignored: drop them, or use mode 'h+J'")
     opts = with_defaults(options)
     coupling = opts["coupling"]
     if coupling in ("keys", "query"):
@@ -348,27 +348,9 @@ def _check_options(options: dict, max_len: int, modules: list[tuple[str, nn.Modu
         raise ValueError(f"mode {mode!r} takes no coupled window, coupling='window'{default}; pass "
                          "coupling='relative' (J = f(|j - k|), any length, up to coupling_range) or coupling='full' "
                          "(a free J per pair of positions)")
-    if modes.RECORDS[mode].marginals and coupling in ("full", "relative"):  # a method solves them: its limits
-        record = ising.resolve_method(method)
-        limit, most = record.spin_limit(method_options), record.bandwidth_limit(method_options)
-        if limit is not None and max_len > limit:
-            option = " (option max_spins)" if "max_spins" in record.options else ""
-            raise ValueError(
-                f"coupling={coupling!r} with method {method!r} enumerates up to max_len = {max_len} spins per query "
-                f"(the model's max_position_embeddings), more than its limit of {limit}{option}. Use "
-                f"coupling='window' with coupling_window <= {ising.window.MAX_SPINS} (exact at any length), "
-                f"coupling='relative' with a banded method {ising.methods.methods_with('max_bandwidth')} or an "
-                "approximate one ('meanfield' / 'tap'), or mode='h' (sigmoid attention, no couplings)")
-        if coupling == "full" and most is not None:
-            raise ValueError(f"coupling='full' couples every pair of keys, so method {method!r} has no band to use; "
-                             f"use coupling='relative' with coupling_range <= {most}, or coupling='window'")
-        if coupling == "relative" and most is not None:
-            width = max_len - 1 if opts["coupling_range"] is None else opts["coupling_range"]
-            if isinstance(width, int) and width > most:
-                raise ValueError(f"coupling='relative' with method {method!r} has bandwidth coupling_range = {width} "
-                                 f"(default max_len - 1), more than max_bandwidth = {most} (2^w transfer states): "
-                                 f"pass coupling_range <= {most}, or use method 'meanfield' / 'tap' (any range), or "
-                                 "coupling='window'")
+    if modes.RECORDS[mode].marginals:  # a method solves the couplings: its limits at the model's length
+        check_length(method, max_len, coupling, opts["coupling_range"], method_options,
+                     length="max_len (the model's max_position_embeddings)")
     if uses_J and coupling == "full":
         rolling = _rolling_window(config, max_len)
         if rolling is not None:
