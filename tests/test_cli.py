@@ -12,7 +12,7 @@ TINY = ["--task", "brackets", "--T", "4", "--steps", "3", "--batch-size", "8", "
         "--d-model", "16", "--d-ff", "16", "--warmup-steps", "1"]
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["sweep"], ["report"], ["reproduce"]])
+@pytest.mark.parametrize("command", [[], ["train"], ["sweep"], ["report"], ["reproduce"], ["explore"]])
 def test_help_of_every_command(command, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main([*command, "--help"])
