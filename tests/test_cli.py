@@ -12,7 +12,7 @@ TINY = ["--task", "brackets", "--T", "4", "--steps", "3", "--batch-size", "8", "
         "--d-model", "16", "--d-ff", "16", "--warmup-steps", "1"]
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["sweep"], ["report"], ["reproduce"]])
+@pytest.mark.parametrize("command", [[], ["train"], ["sweep"], ["report"], ["reproduce"], ["explore"]])
 def test_help_of_every_command(command, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main([*command, "--help"])
@@ -476,3 +476,24 @@ def test_train_never_replaces_a_result_of_another_config_written_while_it_traine
     assert "holds a run of another config" in err[-1] and f"kept as {out}.conflict" in err[-1]
     assert json.loads(out.read_text())["config"]["arch"]["d_ff"] == 32
     assert json.loads(Path(f"{out}.conflict").read_text())["config"]["arch"]["d_ff"] == 16
+
+
+def test_blocks_on_the_defaults_names_the_T_and_the_couplings_it_needs(tmp_path, capsys):
+    """The defaults (T = 8, full couplings solved exactly) cannot hold a find-the-block sequence: the error says which
+    T it needs and, since full couplings stop at 24 keys, which couplings; the run it describes trains."""
+    assert cli.main(["train", "--task", "blocks", "--steps", "1", "--out", str(tmp_path / "a.json")]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the line that says where the run would write
+    assert err.startswith("error: ") and "needs T >= 67, got T = 8" in err and "coupling='window'" in err, err
+    assert not (tmp_path / "a.json").exists()
+    # a mode without couplings needs the T alone
+    assert cli.main(["train", "--task", "blocks", "--mode", "softmax", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "needs T >= 67" in err and "coupling" not in err, err
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    assert "blocks needs T >= 67 at its default sizes" in " ".join(capsys.readouterr().out.split())
+    out = tmp_path / "b.json"
+    assert cli.main(["train", "--task", "blocks", "--T", "67", "--coupling", "window", "--coupling-window", "4",
+                     "--steps", "1", "--warmup-steps", "0", "--batch-size", "2", "--d-model", "8", "--d-ff", "0",
+                     "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["metrics"]["test"]["error"] >= 0

@@ -173,3 +173,27 @@ def test_a_no_weight_decay_method_of_another_library_does_not_exempt_its_module(
 
     decay, _ = (g["params"] for g in parameter_groups(TimmStyle(), 0.1))
     assert len(decay) == 1 and decay[0].dim() == 2
+
+
+@pytest.mark.parametrize("coupling", ["full", "relative", "window", "keys", "query"])
+def test_coupling_matrix_is_the_J_the_forward_solves(coupling):
+    """The brute-force definition with the layer's ``coupling_matrix(x)`` gives the layer's own weights, for every
+    kind of pairwise couplings; a layer without them has none."""
+    from boltzmann_attention.naive import naive_boltzmann_attention
+
+    torch.manual_seed(0)
+    options = {"window": {"coupling_window": 4}, "relative": {"coupling_range": 3},
+               "keys": {"coupling_range": 3, "coupling_rank": 4, "method": "chain"},
+               "query": {"coupling_range": 3, "coupling_rank": 4, "method": "chain"}}.get(coupling, {})
+    layer = BoltzmannAttention(16, 2, max_len=8, coupling=coupling, coupling_init_std=0.5, **options).double()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    _, weights = layer(x, need_weights=True)
+    J = layer.coupling_matrix(x)
+    shape = {"window": (2, 4, 4), "keys": (2, 2, 1, 7, 7), "query": (2, 2, 7, 7, 7)}.get(coupling, (2, 7, 7))
+    assert J.shape == shape and J.abs().max() > 0.1
+    split = lambda t: t.view(2, 7, 2, 8).transpose(1, 2)  # noqa: E731
+    q, k, v = split(layer.query(x)), split(layer.key(x)), split(layer.value(x))
+    _, want = naive_boltzmann_attention(q, k, v, J, is_causal=True, bias=layer.field_bias.view(-1, 1, 1),
+                                        coupling_window=4 if coupling == "window" else None)
+    assert (weights - want).abs().max() < 1e-12
+    assert BoltzmannAttention(16, 2, max_len=8, mode="h").coupling_matrix(x.float()) is None

@@ -494,6 +494,19 @@ class BoltzmannAttention(nn.Module):
         out, weights = result if need_weights else (result, None)
         return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
 
+    def coupling_matrix(self, x: Tensor) -> Tensor | None:
+        """The pairwise couplings J the layer applies to x (B, L, embed_dim) in a forward without a cache, dense, to
+        look at: None without pairwise couplings; (H, L, L) for 'full' and 'relative'; (H, W, W) by slot for the
+        coupled window (slot a: the key a positions before the query); for couplings from content, computed from
+        x's keys (and queries) before any rotary embedding, as the forward does, (B, H, 1, L, L) for 'keys' and
+        (B, H, L, L, L), one J per query, for 'query'. Three-body couplings K are not pairwise: not here."""
+        self._check_input(x)
+        if self.couplings is None:
+            return None
+        if isinstance(self.couplings, ContentCouplings):
+            return self.couplings(self._heads(self.key(x)), self._heads(self.query(x)))
+        return self.couplings(x.shape[1])
+
     def _position_bias(self, L: int, S: int, dtype: torch.dtype) -> Tensor | None:
         """ALiBi's and the slot bias's (H, L, S) sum (queries the last L of S positions), added to the field or the
         score; None without either."""

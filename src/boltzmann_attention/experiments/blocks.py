@@ -74,13 +74,15 @@ def _integer(name: str, value, low: int, high: int | None = None) -> int:
     return number
 
 
-def check_options(T: int, block_size: int, query_size: int, num_blocks: int, conjunction: bool = False,
+def check_options(T: int | None, block_size: int, query_size: int, num_blocks: int, conjunction: bool = False,
                   answer: str = "letters") -> None:
-    """ValueError naming an option out of range, or a context length T too short for the sequences."""
+    """ValueError naming an option out of range, or a context length T too short for the sequences (T None: the
+    options alone)."""
     _integer("block_size", block_size, 1, LETTERS)
     _integer("query_size", query_size, 1, block_size)
     _integer("num_blocks", num_blocks, 1, MARKERS if answer == "marker" else None)
-    _integer("T", T, 1)
+    if T is not None:
+        _integer("T", T, 1)
     if answer not in ANSWERS:
         raise ValueError(f"answer must be one of {ANSWERS}, got {answer!r}")
     if not isinstance(conjunction, bool):
@@ -90,7 +92,7 @@ def check_options(T: int, block_size: int, query_size: int, num_blocks: int, con
                          f"block, and no other block with all of them), got query_size = {query_size}, num_blocks = "
                          f"{num_blocks}")
     needed = length(block_size, query_size, num_blocks, answer)
-    if T < needed:
+    if T is not None and T < needed:
         raise ValueError(f"T = {T} is too short for {num_blocks} blocks of {block_size} letters and a query of "
                          f"{query_size} (answer {answer!r}): a sequence needs T >= {needed}")
 

@@ -1,4 +1,5 @@
-"""The boltzmann-attention command: train one model, sweep a grid, write a report, or reproduce a profile.
+"""The boltzmann-attention command: train one model, sweep a grid, write a report, reproduce a profile, or explore
+what a model learned.
 
 Every result is a JSON file with the resolved config, metrics, history, learned couplings, wall time and
 provenance (machine, torch version, commit). Sweeps skip finished runs and resume killed ones.
@@ -77,11 +78,11 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
                             metavar=None if choices else metavar, help=f"{f.metadata['help']} (default: {shown})")
 
 
-def _require(*modules: str) -> None:
+def _require(*modules: str, extra: str = EXPERIMENTS_EXTRA) -> None:
     """Stop with one line naming the extra to install if a package the command needs is missing."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise SystemExit(f"error: this command needs {', '.join(missing)}; install the extra: {EXPERIMENTS_EXTRA}")
+        raise SystemExit(f"error: this command needs {', '.join(missing)}; install the extra: {extra}")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -89,7 +90,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     parser = argparse.ArgumentParser(prog="boltzmann-attention", description=__doc__.strip())
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sweep,report,reproduce}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,sweep,report,reproduce,explore}")
     defaults = argparse.ArgumentDefaultsHelpFormatter
 
     p_train = sub.add_parser("train", help="train one model and write its results JSON",
@@ -157,7 +158,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p_repro.add_argument("--no-estimate", dest="estimate", action="store_false",
                          help="start at once, without first timing two training steps of each of the profile's step "
                               "configurations for a cost estimate (the quick profile never times)")
-    return parser, {"train": p_train, "sweep": p_sweep, "report": p_report, "reproduce": p_repro}
+    p_explore = sub.add_parser("explore", help="one offline HTML page of what a model learned: J, attention, curves",
+                               description="Write one self-contained HTML page (Plotly, offline) of what a model "
+                                           "learned: per layer and head J as a heat map and by distance, the "
+                                           "attention weights for a text with the couplings and with J = 0, the "
+                                           "marginals against sigmoid(2h), the training curves; for a run archive, "
+                                           "its arms' headline metrics.", formatter_class=defaults)
+    p_explore.add_argument("source", help="a run's result JSON (its model kept in final/ or as <name>.ckpt.pt "
+                                          "beside it), a checkpoint, a report's runs.jsonl.gz or folder, or a "
+                                          "results folder")
+    p_explore.add_argument("--text", help="the text to attend over, in the task's characters, at most T of them "
+                                          "(default: the run's first validation sequence)")
+    p_explore.add_argument("--out", default="explore.html", help="the HTML file to write")
+    return parser, {"train": p_train, "sweep": p_sweep, "report": p_report, "reproduce": p_repro,
+                    "explore": p_explore}
 
 
 def main(argv=None) -> int:
@@ -264,6 +278,11 @@ def _dispatch(args) -> int:
         out = check_output_folder(getattr(args, "out", None) or Path("report") / Path(args.results).resolve().name,
                                   "report")
         print(f"report -> {_write_report(args.results, out)}")
+    elif args.command == "explore":
+        from .explore import EXPLORE_EXTRA, explore
+
+        _require("plotly", extra=EXPLORE_EXTRA)
+        print(f"explorer -> {explore(args.source, text=args.text, out=args.out)}")
     elif args.command == "reproduce":
         if args.jobs < 1:
             raise ValueError(f"--jobs must be an integer >= 1 (parallel processes), got {args.jobs}")

@@ -49,8 +49,11 @@ def option(default, help: str, **metadata):
 
 @dataclass
 class DataConfig:
-    task: str = option("shakespeare", "the task", choices=TASKS)
-    T: int = option(8, "context length: the number of keys (spins) per query")
+    task: str = option("shakespeare", f"the task (blocks needs T >= {blocks.length()} at its default sizes, and in the "
+                                      "Boltzmann modes coupling window or relative: full couplings are exact up to 24 "
+                                      "keys)", choices=TASKS)
+    T: int = option(8, "context length: the number of keys (spins) per query (blocks: at least blocks.length(N, L, "
+                       f"blocks, answer), {blocks.length()} at its defaults)")
     eval_windows: int = option(2048, "Shakespeare: number of fixed validation windows")
     num_fillers: int = option(8, "brackets: number of filler symbols")
     train_sequences: int = option(20000, "brackets: size of the fixed training set (validation and test: 2000 each)")
@@ -256,6 +259,8 @@ class TrainConfig:
         with torch.device("meta"):  # the layer checks its own options, with its own words, and allocates nothing
             BoltzmannAttention(m.d_model, m.n_heads, max_len=d.T, causal=True, position=LAYER_POSITION[m.position],
                                **asdict(a))
+        if d.task == "blocks":
+            self._check_blocks_length()
         self._check_limits()
         if o.slot_bias_lr_multiplier != 1.0 and a.slot_bias is None:
             raise ValueError(f"slot_bias_lr_multiplier = {o.slot_bias_lr_multiplier:g} scales the slot bias's "
@@ -281,6 +286,25 @@ class TrainConfig:
         if o.warmup_steps >= self.steps:
             warnings.warn(f"warmup_steps ({o.warmup_steps}) >= steps ({self.steps}): the learning rate never "
                           f"reaches lr and never decays", stacklevel=2)
+
+    def _check_blocks_length(self) -> None:
+        """Task 'blocks': ValueError naming the T its sequences need when T is shorter, and the attention options
+        that T needs as well when the configured ones cannot take it (full couplings: 24 keys exactly)."""
+        d = self.data
+        blocks.check_options(None, d.block_size, d.query_size, d.num_blocks, d.conjunction, d.answer)
+        needed = blocks.length(d.block_size, d.query_size, d.num_blocks, d.answer)
+        if d.T >= needed:
+            return
+        then = ""
+        try:
+            self.replace(T=needed)._check_limits()
+        except ValueError as e:
+            then = (f"; at T = {needed} the attention needs other options too: {e} (the blocks study trains "
+                    "coupling='window' with coupling_window=16, and coupling='relative' with coupling_range=4 and "
+                    "method 'banded')")
+        raise ValueError(f"task 'blocks' with {d.num_blocks} blocks of {d.block_size} letters and a query of "
+                         f"{d.query_size} (answer {d.answer!r}) needs T >= {needed}, got T = {d.T}: set T = {needed} "
+                         f"(fewer num_blocks need less){then}")
 
     def _check_limits(self) -> None:
         """The marginal method's size limits at this T (:func:`..validation.check_length`), for a mode whose
