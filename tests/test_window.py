@@ -265,7 +265,7 @@ def test_errors_name_the_problem():
                             is_causal=True)
     with pytest.raises(ValueError, match="is_causal=True"):
         boltzmann_attention(q, k, v, couplings=J, coupling_window=3)
-    with pytest.raises(ValueError, match="'exact' only"):
+    with pytest.raises(ValueError, match="'exact' and 'configurations' only"):
         boltzmann_attention(q, k, v, couplings=J, coupling_window=3, is_causal=True, method="meanfield")
     with pytest.raises(ValueError, match="needs `couplings`"):
         boltzmann_attention(q, k, v, coupling_window=3, is_causal=True)
