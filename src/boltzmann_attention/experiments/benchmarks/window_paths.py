@@ -4,8 +4,8 @@ attention over the window's 2^W configurations, :mod:`boltzmann_attention.ising.
 For each W, forward+backward of the causal window attention (``coupled_window.window_attention`` from q, k, v and
 J: the band of the field, the window marginals, the band times v, the sigmoid part before the window) and of the
 window marginals alone (the (B, H, T, W) band of fields, the first W - 1 rows with their absent slots), each with
-``window_path`` 'split' and 'configurations', interleaved round by round in one process, so that the machine's
-load hits both alike. The ratio configurations / split (below 1: the configurations path is faster) is what
+``window_path`` 'split' and 'configurations', interleaved round by round in one process (half of the rounds in
+each order), so that the machine's load hits both alike. The ratio configurations / split (below 1: the configurations path is faster) is what
 ``ising.window.choose_path``'s rule is read from.
 """
 
@@ -60,15 +60,18 @@ def window_step(B: int, H: int, T: int, W: int, path: str, device="cpu", E: int 
 def path_rows(windows=tuple(range(4, 17, 2)), B: int = 12, H: int = 4, T: int = 256, rounds: int = 3,
               device="cpu", parts=("attention", "marginals"), sync=None) -> list[dict]:
     """One row per (part, W): median seconds of each path over ``rounds`` interleaved rounds (after one warm-up
-    call each), their ratio, and the path ``choose_path`` takes there."""
+    call each; half of the rounds in the opposite order), their ratio, and the path ``choose_path`` takes there.
+    sync: called after each step (``torch.cuda.synchronize`` on a GPU)."""
     rows = []
     for part in parts:
         for W in windows:
             steps = {p: window_step(B, H, T, W, p, device, part=part) for p in PATHS}
             if sync is not None:
                 steps = {p: (lambda fn=fn: (fn(), sync())) for p, fn in steps.items()}
-            times = interleaved(steps, rounds=rounds, warmup=1)
-            split, conf = (statistics.median(times[p]) for p in PATHS)
+            # half the rounds in each order, so that neither path always runs right after the other
+            first = interleaved(steps, rounds=(rounds + 1) // 2, warmup=1)
+            second = interleaved(dict(reversed(steps.items())), rounds=rounds // 2, warmup=0) if rounds > 1 else {}
+            split, conf = (statistics.median(first[p] + second.get(p, [])) for p in PATHS)
             rows.append({"part": part, "W": W, "split_s": split, "configurations_s": conf, "ratio": conf / split,
                          "chosen": window_ising.choose_path(W, torch.device(device)),
                          "load": os.getloadavg()[0]})
