@@ -87,8 +87,8 @@ def test_configurations_method_gradcheck_and_limits():
     A = torch.randn(n, n, dtype=torch.float64, generator=g, requires_grad=True)
     mask = torch.rand(2, 3, n, generator=g) > 0.3
     for fn in (ising.marginals, ising.log_partition):
-        assert torch.autograd.gradcheck(lambda h, A: fn(h, A.triu(1) + A.triu(1).T, mask=mask,
-                                                        method="configurations"), (h, A))
+        assert torch.autograd.gradcheck(lambda h, A, fn=fn: fn(h, A.triu(1) + A.triu(1).T, mask=mask,
+                                                               method="configurations"), (h, A))
     with pytest.raises(ValueError, match=r"n <= 16 spins per query \(got 17; option max_spins\)\. Use method"):
         ising.marginals(torch.zeros(17, dtype=torch.float64), method="configurations")
     with pytest.raises(ValueError, match="pairwise couplings only"):

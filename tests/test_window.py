@@ -419,8 +419,8 @@ def test_configurations_path_gradcheck_h_and_J():
     A = torch.randn(1, W, W, dtype=torch.float64, generator=g).requires_grad_()
     present = torch.tensor([[[True] * W, [True, False, True, True, False], [False, True, True, False, True]]])
     for mask in (present, None):
-        assert torch.autograd.gradcheck(lambda h, A: window_ising.marginals(h, _sym(A), mask, path="configurations"),
-                                        (h, A))
+        assert torch.autograd.gradcheck(
+            lambda h, A, mask=mask: window_ising.marginals(h, _sym(A), mask, path="configurations"), (h, A))
 
 
 def test_configurations_path_solves_float32_rows_beyond_its_resolution_in_float64():

@@ -48,7 +48,9 @@ from .enumeration import configurations
 from .record import Method, keyword_options
 
 MAX_SPINS = 16
-CHUNK_ELEMENTS = 2**24  # (queries x configurations) per call where SDPA falls back to its math backend
+CHUNK_ELEMENTS = 2**24  # (queries x configurations) per call where SDPA runs its math backend (the scores held)
+FUSED_CHUNK_ELEMENTS = 2**28  # per call on a GPU where a fused kernel is expected: 1 GiB of float32 scores should
+                              # SDPA choose its math backend after all
 
 
 def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
@@ -139,15 +141,19 @@ def _attend(q: Tensor, k: Tensor, n: int, device: torch.device) -> Tensor:
         q = q.reshape(1, G * Q, width)
     q, k = q[None], k[None]  # SDPA's (B, H, L, E): one batch, a head per group
     v = F.pad(S, (0, (width if cpu else _round_up(n, 8)) - n)).expand(1, k.shape[1], -1, -1)
-    chunk = q.shape[2] if _fused(q) else max(1, CHUNK_ELEMENTS >> n)
+    if cpu:  # the flash kernel takes every input here: one call
+        chunk = q.shape[2]
+    else:
+        budget = FUSED_CHUNK_ELEMENTS if _fused(q) else CHUNK_ELEMENTS
+        chunk = max(1, (budget >> n) // q.shape[1])
     out = torch.cat([F.scaled_dot_product_attention(x, k, v, scale=1.0) for x in q.split(chunk, dim=2)], dim=2)
     return out[0, ..., :n].reshape(G, Q, n)
 
 
 def _fused(q: Tensor) -> bool:
-    """Whether SDPA has a kernel that never holds the scores for this input: CPU's flash kernel (float32,
-    float64), CUDA's memory-efficient one (no float64); elsewhere the math backend, which takes chunks."""
-    return q.device.type == "cpu" or (q.device.type == "cuda" and q.dtype != torch.float64)
+    """Whether SDPA has a kernel off the CPU that never holds the scores for this input: CUDA's memory-efficient
+    one (not float64); elsewhere its math backend, in smaller chunks."""
+    return q.device.type == "cuda" and q.dtype != torch.float64
 
 
 def _round_up(x: int, m: int) -> int:

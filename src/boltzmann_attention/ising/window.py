@@ -49,8 +49,9 @@ from .record import WINDOW_PATHS
 MAX_SPINS = 24
 PATHS = WINDOW_PATHS[1:]  # ("split", "configurations"); "auto" is choose_path
 # The rule: the largest W for which the configurations path is the faster one, per device type, from
-# measurements of both paths side by side (fwd+bwd, report/benchmark/window_paths.md). A device type without
-# a measurement takes the split enumeration.
+# measurements of both paths side by side (fwd+bwd, report/benchmark/window_paths.md, docs/design.md). On the
+# CPU it is never clearly faster (level at small W, slower beyond): 0. A device type without a measurement
+# (CUDA: the GPU check times both paths) takes the split enumeration.
 CONFIGURATIONS_UP_TO = {"cpu": 0}
 
 

@@ -5,8 +5,8 @@ For each W, forward+backward of the causal window attention (``coupled_window.wi
 J: the band of the field, the window marginals, the band times v, the sigmoid part before the window) and of the
 window marginals alone (the (B, H, T, W) band of fields, the first W - 1 rows with their absent slots), each with
 ``window_path`` 'split' and 'configurations', interleaved round by round in one process (half of the rounds in
-each order), so that the machine's load hits both alike. The ratio configurations / split (below 1: the configurations path is faster) is what
-``ising.window.choose_path``'s rule is read from.
+each order), so that the machine's load hits both alike. The ratio configurations / split (below 1: the
+configurations path is faster) is what ``ising.window.choose_path``'s rule is read from.
 """
 
 from __future__ import annotations
