@@ -568,8 +568,9 @@ def test_window_paths_rows_time_both_paths_and_name_the_rules_choice(capsys):
 # ------------------------------------------------------------------------------------------------ the GPU check
 
 def test_gpu_check_guards_each_cell(monkeypatch):
-    """Out of memory: recorded, the layer's longer T skipped; a layer whose T takes over a quarter of cell_s is not
-    run at 2T; past the budget every remaining cell is marked, none run."""
+    """Out of memory: recorded, the layer's longer T skipped; a layer whose cell at 2T would take over cell_s (4 x a
+    call at T, for the warm-up and each repeat) is not run there; past the budget every remaining cell is marked,
+    none run."""
     from boltzmann_attention.experiments.benchmarks import gpu
 
     ran = []
@@ -583,7 +584,7 @@ def test_gpu_check_guards_each_cell(monkeypatch):
 
     monkeypatch.setattr(gpu, "time_cell", cell)
     s = gpu.dry_settings()
-    s.sizes, s.cell_s = (16, 32, 64), 30.0
+    s.sizes, s.cell_s, s.repeats = (16, 32, 64), 30.0 * 4, 3  # a cell of 4 calls
     rows = gpu.timing_rows(s, log=lambda *a, **k: None)
     assert rows["oom"] == {16: {"error": "OOM"}, 32: {"error": "not run (OOM at T=16)"},
                            64: {"error": "not run (OOM at T=16)"}}

@@ -70,6 +70,8 @@ def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
     """log Z, h.shape[:-1] broadcast: logsumexp over the configurations of the same scores (absent spins free,
     log 2 each taken off), in chunks of queries."""
     _check(h, K, max_spins)
+    if h.dtype in (torch.float16, torch.bfloat16):
+        return log_partition(h.float(), None if J is None else J.float(), None, mask, max_spins=max_spins).to(h.dtype)
     if J is None:
         J = h.new_zeros(h.shape[-1], h.shape[-1])
     g = group_queries(h, J, None, mask)

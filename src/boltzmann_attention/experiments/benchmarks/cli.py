@@ -148,10 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="folder of gpu.md and gpu.json (default: report/benchmark, with --dry-run a temporary one)")
     p.add_argument("--T", type=positive_int, nargs="+", help="sequence lengths (default: 1024 2048 4096 8192)")
-    p.add_argument("--budget-s", type=positive_int, default=330,
+    p.add_argument("--budget-s", type=positive_int, default=290,
                    help="seconds of timings after which the remaining cells are not run (default: %(default)s)")
     p.add_argument("--cell-s", type=positive_int, default=30,
-                   help="a layer is not run at 2T when 4 times its seconds at T pass this (default: %(default)s)")
+                   help="a layer is not run at 2T when its cell there (4 times a call at T, for the warm-up and each "
+                        "repeat) would take longer than this (default: %(default)s)")
     p.add_argument("--tests-s", type=positive_int, default=120,
                    help="time limit of the CUDA tests' pytest run (default: %(default)s)")
     p.add_argument("--commit", help="the commit to stamp where the checkout has no git history (default: git's)")
