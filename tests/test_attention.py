@@ -39,33 +39,36 @@ def test_softmax_mode_is_sdpa(causal):
         torch.testing.assert_close(w.sum(-1), torch.ones_like(w[..., 0]))
 
 
-@pytest.mark.parametrize("method", ["exact", "banded", "meanfield", "tap"])
-def test_zero_couplings_give_sigmoid_attention(method):
+@pytest.mark.parametrize("method", ["exact", "configurations", "banded", "meanfield", "tap"])
+def test_zero_couplings_give_sigmoid_attention(method, device):
     q, k, v = _qkv()
     scale, bias = 0.3, -0.7
     h = q @ k.transpose(-1, -2) * scale + bias
     expected_w = torch.sigmoid(2 * h).tril()
     for mode in ("h", "h+J"):
-        J = torch.zeros(3, 6, 6, dtype=torch.float64) if mode == "h+J" else None
-        out, w = boltzmann_attention(q, k, v, couplings=J, mode=mode, method=method if J is not None else "exact",
-                                     is_causal=True, scale=scale, bias=bias, return_weights=True)  # h: no method
-        torch.testing.assert_close(w, expected_w, atol=1e-12, rtol=0)
-        torch.testing.assert_close(out, expected_w @ v, atol=1e-12, rtol=0)
+        J = torch.zeros(3, 6, 6, dtype=torch.float64, device=device) if mode == "h+J" else None
+        out, w = boltzmann_attention(q.to(device), k.to(device), v.to(device), couplings=J, mode=mode,
+                                     method=method if J is not None else "exact", is_causal=True, scale=scale,
+                                     bias=bias, return_weights=True)  # h: no method
+        torch.testing.assert_close(w.cpu(), expected_w, atol=1e-12, rtol=0)
+        torch.testing.assert_close(out.cpu(), expected_w @ v, atol=1e-12, rtol=0)
 
 
-def test_weights_are_reference_marginals():
+@pytest.mark.parametrize("mode,method", [("h+J+K", "exact"), ("h+J", "configurations")])
+def test_weights_are_reference_marginals(mode, method, device):
     q, k, v = _qkv(L=4, S=7)
     J = symmetric_couplings(7, 3)
-    K = symmetric_three_body(7, 3, scale=0.2)
-    mask = torch.rand(2, 1, 4, 7) > 0.3
+    K = symmetric_three_body(7, 3, scale=0.2) if "K" in mode else None
+    mask = torch.rand(2, 1, 4, 7, generator=torch.Generator().manual_seed(1)) > 0.3
     bias = torch.randn(3, 1, 1, dtype=torch.float64)
-    out, w = boltzmann_attention(q, k, v, couplings=J, three_body=K, mode="h+J+K", attn_mask=mask, bias=bias,
-                                 return_weights=True)
+    out, w = boltzmann_attention(*(x.to(device) for x in (q, k, v)), couplings=J.to(device),
+                                 three_body=None if K is None else K.to(device), mode=mode, method=method,
+                                 attn_mask=mask.to(device), bias=bias.to(device), return_weights=True)
     h = q @ k.transpose(-1, -2) / 8**0.5 + bias
-    m = reference.marginals(h, J[:, None], K[:, None], mask.expand(2, 3, 4, 7))
+    m = reference.marginals(h, J[:, None], None if K is None else K[:, None], mask.expand(2, 3, 4, 7))
     expected = ((m + 1) / 2).masked_fill(~mask, 0)
-    torch.testing.assert_close(w, expected, atol=1e-12, rtol=0)
-    torch.testing.assert_close(out, expected @ v, atol=1e-12, rtol=0)
+    torch.testing.assert_close(w.cpu(), expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out.cpu(), expected @ v, atol=1e-12, rtol=0)
 
 
 def test_J_mode_ignores_the_input():
@@ -116,7 +119,7 @@ def test_functional_errors():
 
 @pytest.mark.parametrize("mode", ["softmax", "h", "J", "h+J", "h+K", "h+J+K"])
 @pytest.mark.parametrize("method", ["exact", "banded", "meanfield", "tap", "window"])
-def test_causal_parity(mode, method):
+def test_causal_parity(mode, method, device):
     """Changing future tokens leaves earlier outputs unchanged, for every mode and method (and for the
     coupled window, solved exactly)."""
     if "K" in mode and method not in ("exact", "window"):
@@ -130,10 +133,10 @@ def test_causal_parity(mode, method):
                 "window": {"coupling": "window", "coupling_window": 3}}.get(method, {})
     method = "exact" if method == "window" else method
     options = dict(method=method, coupling_init_std=0.3, **coupling) if modes.RECORDS[mode].marginals else {}
-    layer = BoltzmannAttention(16, 2, max_len=9, mode=mode, **options)
-    x = torch.randn(2, 9, 16)
+    layer = BoltzmannAttention(16, 2, max_len=9, mode=mode, **options).to(device)
+    x = torch.randn(2, 9, 16).to(device)
     y = x.clone()
-    y[:, 5:] = torch.randn(2, 4, 16)
+    y[:, 5:] = torch.randn(2, 4, 16).to(device)
     with torch.no_grad():
         a, _ = layer(x)
         b, _ = layer(y)

@@ -41,18 +41,20 @@ def log_domain(monkeypatch):
     monkeypatch.setattr(banded, "_linear_limit", lambda *args: -1.0)
 
 
-def check_against_reference(h, J, mask, **options):
-    assert torch.allclose(banded.marginals(h, J, None, mask, **options), reference.marginals(h, J, None, mask),
-                          rtol=0, atol=TOL)
-    assert torch.allclose(banded.log_partition(h, J, None, mask, **options),
+def check_against_reference(h, J, mask, device="cpu", **options):
+    """banded on ``device`` against the float64 reference on the CPU."""
+    moved = [None if x is None else x.to(device) for x in (h, J, mask)]
+    assert torch.allclose(banded.marginals(moved[0], moved[1], None, moved[2], **options).cpu(),
+                          reference.marginals(h, J, None, mask), rtol=0, atol=TOL)
+    assert torch.allclose(banded.log_partition(moved[0], moved[1], None, moved[2], **options).cpu(),
                           reference.log_partition(h, J, None, mask), rtol=0, atol=TOL)
 
 
 @pytest.mark.parametrize("n,w", [(7, 1), (7, 2), (8, 3), (12, 3), (9, 4), (6, 5), (12, 6), (12, 8)])
 @pytest.mark.parametrize("mask_kind", ["none", "prefix", "random"])
-def test_matches_reference(n, w, mask_kind):
+def test_matches_reference(n, w, mask_kind, device):
     h, J, g = random_problem(n * 10 + w, n, w)
-    check_against_reference(h, J, make_mask(mask_kind, h.shape[0], n, g))
+    check_against_reference(h, J, make_mask(mask_kind, h.shape[0], n, g), device)
 
 
 @pytest.mark.parametrize("block", [1, 2, 3])
@@ -66,9 +68,9 @@ def test_block_sizes(block, monkeypatch):
 
 @pytest.mark.parametrize("n,w", [(7, 2), (9, 4)])
 @pytest.mark.parametrize("mask_kind", ["none", "prefix"])
-def test_log_domain_matches_reference(n, w, mask_kind, log_domain):
+def test_log_domain_matches_reference(n, w, mask_kind, log_domain, device):
     h, J, g = random_problem(n + w, n, w)
-    check_against_reference(h, J, make_mask(mask_kind, h.shape[0], n, g))
+    check_against_reference(h, J, make_mask(mask_kind, h.shape[0], n, g), device)
 
 
 def test_full_bandwidth_is_enumeration():

@@ -197,8 +197,8 @@ def test_an_error_while_measuring_is_one_line_not_a_traceback(error, status, mon
     assert str(error).splitlines()[0].split(":")[0] in err
 
 
-COMMAND_FUNCTIONS = ("methods", "steps", "approximations", "window", "banded", "relative-steps", "grid-throughput",
-                     "dqa-calibration")
+COMMAND_FUNCTIONS = ("methods", "steps", "approximations", "window", "banded", "window-paths", "gpu", "relative-steps",
+                     "grid-throughput", "dqa-calibration")
 
 
 @pytest.mark.slow
@@ -546,3 +546,81 @@ def test_time_steps_rounds_are_interleaved(monkeypatch):
     times = training.time_steps(configs, steps=2, rounds=2, warmup=1)
     a, b = order[0], order[1]
     assert order == [a, b] + [a, a, b, b] * 2 and [len(t) for t in times.values()] == [2, 2]
+
+
+# ------------------------------------------------------------------------------------ the coupled window's paths
+
+def test_window_paths_rows_time_both_paths_and_name_the_rules_choice(capsys):
+    """The path benchmark at tiny sizes: a row per part and W, both paths timed, their ratio, the rule's path."""
+    from boltzmann_attention.experiments.benchmarks import window_paths
+    from boltzmann_attention.ising import window
+
+    out = _bench(capsys, "window-paths", "--W", "2", "3", "--B", "1", "--H", "1", "--T", "6", "--rounds", "2")
+    rows = [line for line in out.splitlines() if line.startswith("| attention") or line.startswith("| marginals")]
+    assert [line.split(" | ")[:2] for line in rows] == [["| attention", "2"], ["| attention", "3"],
+                                                       ["| marginals", "2"], ["| marginals", "3"]]
+    assert all(line.endswith(f"| {window.choose_path(int(line.split(' | ')[1]), 'cpu')} |") for line in rows)
+    row = {"part": "attention", "W": 8, "split_s": 0.1, "configurations_s": 0.25, "ratio": 2.5, "load": 1.0,
+           "chosen": "split"}
+    assert window_paths.path_table([row]).splitlines()[2] == "| attention | 8 | 100.0 | 250.0 | 2.50 | 1.0 | split |"
+
+
+# ------------------------------------------------------------------------------------------------ the GPU check
+
+def test_gpu_check_guards_each_cell(monkeypatch):
+    """Out of memory: recorded, the layer's longer T skipped; a layer whose cell at 2T would take over cell_s (4 x a
+    call at T, for the warm-up and each repeat) is not run there; past the budget every remaining cell is marked,
+    none run."""
+    from boltzmann_attention.experiments.benchmarks import gpu
+
+    ran = []
+    results = {"fast": lambda T: {"ms": 1.0, "peak_gb": 0.1}, "oom": lambda T: {"error": "OOM"},
+               "slow": lambda T: {"ms": 5000.0 * T / 16, "peak_gb": 0.1}}
+    monkeypatch.setattr(gpu, "layers", lambda T, s: {gpu.BASELINE: "fast", "oom": "oom", "slow": "slow"})
+
+    def cell(make, T, s):
+        ran.append((make, T))
+        return results[make](T)
+
+    monkeypatch.setattr(gpu, "time_cell", cell)
+    s = gpu.dry_settings()
+    s.sizes, s.cell_s, s.repeats = (16, 32, 64), 30.0 * 4, 3  # a cell of 4 calls
+    rows = gpu.timing_rows(s, log=lambda *a, **k: None)
+    assert rows["oom"] == {16: {"error": "OOM"}, 32: {"error": "not run (OOM at T=16)"},
+                           64: {"error": "not run (OOM at T=16)"}}
+    assert rows["slow"][16]["ms"] == 5000.0 and rows["slow"][32]["ms"] == 10000.0  # 4 x 10 s > 30 s: not at 64
+    assert rows["slow"][64] == {"error": "not run (10.0 s at T=32)"}
+    assert ("slow", 64) not in ran and [T for m, T in ran if m == "fast"] == [16, 32, 64]
+    s.budget_s = -1.0
+    rows = gpu.timing_rows(s, log=lambda *a, **k: None)
+    assert all(cell == {"error": "not run (budget)"} for cells in rows.values() for cell in cells.values())
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_writes_the_report(tmp_path, capsys):
+    """`gpu --dry-run`: every layer timed at the tiny sizes on the CPU, the CUDA tests collected (not run), and the
+    report with its stamp, the tests' line, the table (ratios to the SDPA row) and the window paths' ratios."""
+    from boltzmann_attention.experiments.benchmarks import gpu
+
+    out = _bench(capsys, "gpu", "--dry-run", "--out", str(tmp_path))
+    assert f"wrote {tmp_path / 'gpu.md'}" in out
+    text = (tmp_path / "gpu.md").read_text()
+    assert text.startswith("# GPU check (dry run: tiny sizes on the CPU, not a measurement)")
+    assert re.search(r"`python -m pytest tests/test_window\.py .* -k cuda .*--collect-only`: \d+ CUDA test cases "
+                     r"collected in 8 files \(not run: dry run\)", text)
+    table = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| layer")]
+    names = list(gpu.layers(16, gpu.dry_settings(tmp_path)))
+    assert [line.split(" | ")[0][2:] for line in table] == names
+    for line in table:
+        assert re.fullmatch(r"\| .+ \| [\d.]+ ms \([\d.]+x\) \| [\d.]+ ms \([\d.]+x\) \|", line), line
+    assert "Window paths, configurations / split" in text and "W = 16: T = 16:" in text
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    assert set(data["rows"]) == set(names) and data["stamp"]["torch"] == torch.__version__
+
+
+def test_gpu_check_refuses_a_machine_without_cuda(monkeypatch):
+    from boltzmann_attention.experiments.benchmarks import gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="needs a CUDA device .* use --dry-run"):
+        gpu.run(gpu.Settings())

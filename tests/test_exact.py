@@ -10,12 +10,14 @@ from boltzmann_attention import ising
 from boltzmann_attention.ising import reference
 
 
-def _compare(h, J, K, mask, atol):
-    m = ising.marginals(h, J, K, mask=mask, method="exact")
-    logz = ising.log_partition(h, J, K, mask=mask, method="exact")
-    assert m.shape == h.shape and logz.shape == h.shape[:-1]
-    torch.testing.assert_close(m, reference.marginals(h, J, K, mask), atol=atol, rtol=0)
-    torch.testing.assert_close(logz, reference.log_partition(h, J, K, mask), atol=atol, rtol=1e-12)
+def _compare(h, J, K, mask, atol, device="cpu", method="exact"):
+    """The method on ``device`` against the float64 reference on the CPU."""
+    moved = [None if x is None else x.to(device) for x in (h, J, K, mask)]
+    m = ising.marginals(*moved[:3], mask=moved[3], method=method)
+    logz = ising.log_partition(*moved[:3], mask=moved[3], method=method)
+    assert m.shape == h.shape and logz.shape == h.shape[:-1] and m.device == torch.device(device)
+    torch.testing.assert_close(m.cpu(), reference.marginals(h, J, K, mask), atol=atol, rtol=0)
+    torch.testing.assert_close(logz.cpu(), reference.log_partition(h, J, K, mask), atol=atol, rtol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -47,22 +49,54 @@ def test_half_precision_is_as_close_to_the_reference_as_its_dtype_resolves(dtype
 @pytest.mark.parametrize("n", [1, 2, 5, 7, 8, 13])
 @pytest.mark.parametrize("with_K", [False, True])
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_matches_reference(n, with_K, with_mask):
+def test_matches_reference(n, with_K, with_mask, device):
     g = torch.Generator().manual_seed(n)
     queries = 3 if n == 13 else 4
     h = torch.randn(2, queries, n, dtype=torch.float64, generator=g)
     J = symmetric_couplings(n, 2, 1, generator=g)  # one J per leading batch entry, shared over queries
     K = symmetric_three_body(n, scale=0.3, generator=g) if with_K else None
     mask = torch.rand(2, queries, n, generator=g) > 0.3 if with_mask else None
-    _compare(h, J, K, mask, atol=1e-12)
+    _compare(h, J, K, mask, atol=1e-12, device=device)
 
 
-def test_prefix_masks_match_reference():
+@pytest.mark.parametrize("method", ["exact", "configurations"])
+def test_prefix_masks_match_reference(method, device):
     n = 9
-    h = torch.randn(5, n, n, dtype=torch.float64)
-    J = symmetric_couplings(n)
+    h = torch.randn(5, n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    J = symmetric_couplings(n, generator=torch.Generator().manual_seed(10))
     causal = torch.ones(n, n, dtype=torch.bool).tril()
-    _compare(h, J, None, causal, atol=1e-12)
+    _compare(h, J, None, causal, atol=1e-12, device=device, method=method)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 11])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_configurations_method_matches_reference(n, with_mask, device):
+    """Method 'configurations' (softmax attention over the 2^n states) on full couplings: the reference's marginals
+    and log Z, with a J per group, absent spins as free spins."""
+    g = torch.Generator().manual_seed(n)
+    h = torch.randn(3, 4, n, dtype=torch.float64, generator=g)
+    J = symmetric_couplings(n, 3, 1, generator=g)
+    mask = torch.rand(3, 4, n, generator=g) > 0.3 if with_mask else None
+    _compare(h, J, None, mask, atol=1e-12, device=device, method="configurations")
+
+
+def test_configurations_method_gradcheck_and_limits():
+    g = torch.Generator().manual_seed(5)
+    n = 4
+    h = torch.randn(2, 3, n, dtype=torch.float64, generator=g, requires_grad=True)
+    A = torch.randn(n, n, dtype=torch.float64, generator=g, requires_grad=True)
+    mask = torch.rand(2, 3, n, generator=g) > 0.3
+    for fn in (ising.marginals, ising.log_partition):
+        assert torch.autograd.gradcheck(lambda h, A, fn=fn: fn(h, A.triu(1) + A.triu(1).T, mask=mask,
+                                                               method="configurations"), (h, A))
+    with pytest.raises(ValueError, match=r"n <= 16 spins per query \(got 17; option max_spins\)\. Use method"):
+        ising.marginals(torch.zeros(17, dtype=torch.float64), method="configurations")
+    with pytest.raises(ValueError, match="pairwise couplings only"):
+        ising.marginals(torch.zeros(3, dtype=torch.float64), None, torch.zeros(3, 3, 3, dtype=torch.float64),
+                        method="configurations")
+    m = ising.marginals(h.detach().to(torch.bfloat16), (A.triu(1) + A.triu(1).T).detach().to(torch.bfloat16),
+                        method="configurations")
+    assert m.dtype == torch.bfloat16
 
 
 def test_fully_masked_query_gives_zero():

@@ -1,5 +1,6 @@
 """The forward does not wait on the host: no .item(), bool(tensor), .tolist(), float(), int() or index() of a
-tensor during a layer's forward, with the value checks as asynchronous asserts (what runs on a GPU)."""
+tensor during a layer's forward, with the value checks as asynchronous asserts (what runs on a GPU); and on CUDA
+(skipped without a GPU) no synchronising CUDA call at all, under torch.cuda.set_sync_debug_mode('error')."""
 
 import contextlib
 import traceback
@@ -64,7 +65,12 @@ def test_a_forward_reads_nothing_from_the_host(name):
 
 SOLVED = {
     "h+J exact": dict(coupling_init_std=0.1),
+    "h+J configurations": dict(coupling_init_std=0.1, method="configurations"),
     "window": dict(coupling="window", coupling_window=4, coupling_init_std=0.1),
+    "window split": dict(coupling="window", coupling_window=4, coupling_init_std=0.1,
+                         method_options={"window_path": "split"}),
+    "window configurations": dict(coupling="window", coupling_window=4, coupling_init_std=0.1,
+                                  method_options={"window_path": "configurations"}),
 }
 
 
@@ -78,6 +84,26 @@ def test_a_solved_forward_reads_nothing_from_the_host(name):
         out = layer(x)[0]
     assert found == []
     torch.testing.assert_close(out, first, atol=0, rtol=0)  # the remembered plan is the one the mask gives
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", sorted({**LAYERS, **SOLVED}))
+def test_a_cuda_forward_never_synchronises(name):
+    """On CUDA the default value checks are asynchronous; after a first call (caches, plans) a forward makes no
+    synchronising call (a device-to-host copy, .item(), nonzero, a stream sync): set_sync_debug_mode('error')
+    turns any into a RuntimeError."""
+    torch.manual_seed(0)
+    options = {**LAYERS, **SOLVED}[name]
+    layer = BoltzmannAttention(16, 2, max_len=12, **options).cuda()
+    x = torch.randn(2, 12, 16, device="cuda")
+    first = layer(x)[0]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = layer(x)[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(out, first, atol=0, rtol=0)
 
 
 def test_without_host_reads_a_row_beyond_float32_is_refused_not_rescued(monkeypatch):

@@ -158,14 +158,15 @@ def test_log_partition_gradient_is_magnetisation():
 
 
 @pytest.mark.parametrize("tap", [False, True])
-def test_mask_equals_deleted_spins(tap):
+def test_mask_equals_deleted_spins(tap, device):
+    """Masked on ``device``, against the smaller systems solved on the CPU."""
     n = 7
     h = torch.randn(5, n, generator=gen(50), dtype=DT)
     J = 0.3 * gaussian_couplings(n, seed=50)
     mask = torch.rand(5, n, generator=gen(51)) < 0.6
     mask[:, 0] = True
-    m = meanfield.marginals(h, J, None, mask, tap=tap, **TIGHT)
-    logz = meanfield.log_partition(h, J, None, mask, tap=tap, **TIGHT)
+    m = meanfield.marginals(h.to(device), J.to(device), None, mask.to(device), tap=tap, **TIGHT).cpu()
+    logz = meanfield.log_partition(h.to(device), J.to(device), None, mask.to(device), tap=tap, **TIGHT).cpu()
     assert (m[~mask] == 0).all()
     for q in range(5):
         keep = mask[q].nonzero().squeeze(-1)

@@ -7,8 +7,8 @@ import torch
 
 from boltzmann_attention import ising
 
-DETERMINISTIC = ["exact", "reference", "banded", "meanfield", "tap"]
-EXACT = ["exact", "reference", "banded"]
+DETERMINISTIC = ["exact", "configurations", "reference", "banded", "meanfield", "tap"]
+EXACT = ["exact", "configurations", "reference", "banded"]
 
 
 @pytest.mark.parametrize("method", DETERMINISTIC)

@@ -291,12 +291,15 @@ def test_threads_are_set_for_the_run_and_restored():
     (dict(coupling="relative", coupling_window_relative=True), "coupling_window_relative applies to coupling='wi"),
     (dict(coupling="window", coupling_window=0), "coupling_window must be an integer >= 1"),
     (dict(coupling="window", coupling_window=True), "coupling_window must be an integer"),
-    (dict(coupling="window", coupling_window=4, method="meanfield"), "by method 'exact' only, got 'meanf"),
-    (dict(coupling="window", coupling_window=4, method="banded"), "by method 'exact' only"),
+    (dict(coupling="window", coupling_window=4, method="meanfield"),
+     "by method 'exact' and 'configurations' only, got 'meanf"),
+    (dict(coupling="window", coupling_window=4, method="banded"), "by method 'exact' and 'configurations' only"),
     (dict(coupling="window", coupling_window=4, mode="h"), r"mode 'h' does not use coupling, coupling_window"),
     (dict(coupling="window", coupling_window=4, mode="h+J+K"), "no three-body terms"),
     (dict(coupling="window", coupling_window=25, T=64), "coupling_window 25 is too large .* W <= 24"),
     (dict(coupling="window", coupling_window=9, method_options={"max_spins": 8}), r"W <= 8 \(option max_spins\)"),
+    (dict(coupling="window", coupling_window=4, method_options={"window_path": "fast"}), "window_path must be one of"),
+    (dict(method_options={"window_path": "split"}), r"unknown option\(s\) \['window_path'\] for method 'exact'"),
     (dict(coupling_range=3), r"coupling_range applies to coupling='relative', 'keys' or 'query' only \(got "
                              r"coupling='full'\)"),
     (dict(coupling="relative", coupling_range=-1), "coupling_range must be an integer >= 0"),
@@ -313,6 +316,18 @@ def test_bad_configs_fail_before_training(change, message, monkeypatch):
 
 def _no_training(*args, **kwargs):
     raise AssertionError("training started")
+
+
+def test_a_config_names_the_windows_path():
+    """window_path goes through the config to the layer (the method's record does not take it); method
+    'configurations' takes the window too."""
+    from boltzmann_attention import BoltzmannAttention
+
+    for options in (dict(method_options={"window_path": "configurations"}), dict(method="configurations")):
+        cfg = TrainConfig.build(**{**SMALL, "mode": "h+J", "coupling": "window", "coupling_window": 3, **options})
+        cfg.validate()
+        layers = [m for m in Model(model_config(cfg, 12)).modules() if isinstance(m, BoltzmannAttention)]
+        assert layers and all(m.window_path == "configurations" for m in layers)
 
 
 @pytest.mark.parametrize("method", ["tap", "gibbs", "pt"])

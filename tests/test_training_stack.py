@@ -379,6 +379,8 @@ COMPILED_MODES = {
     "h": {"mode": "h"},
     "h+J exact": {"mode": "h+J", "method": "exact"},
     "window": {"mode": "h+J", "coupling": "window", "coupling_window": 3},
+    "window configurations": {"mode": "h+J", "coupling": "window", "coupling_window": 3,
+                              "method_options": {"window_path": "configurations"}},
 }
 
 
@@ -443,13 +445,16 @@ def test_opaque_operators_pass_opcheck():
     torch.library.opcheck(exact.exact_marginals, (h, J, None, mask, 24, True, None))
     torch.library.opcheck(exact.exact_marginals, (h, J, None, None, 24, False, "test: no mask"))
     JW = symmetric_couplings(3, 2, generator=g).float()[:, None].requires_grad_()
-    torch.library.opcheck(window.window_marginals, (h[..., :3], JW, mask[..., :3], None))
-    torch.library.opcheck(window.window_marginals, (h[..., :3], JW, None, None))
+    for path in window.PATHS:
+        torch.library.opcheck(window.window_marginals, (h[..., :3], JW, mask[..., :3], None, path))
+        torch.library.opcheck(window.window_marginals, (h[..., :3], JW, None, None, path))
     # the kept variants return a fresh token each call, so the check that compares two calls' outputs does not
     # apply; the compiled tests here run them under AOT autograd against eager's gradients
     kept = ("test_schema", "test_autograd_registration", "test_faketensor")
     torch.library.opcheck(exact.exact_marginals_kept, (h, J, None, mask, 24, True, None), test_utils=kept)
-    torch.library.opcheck(window.window_marginals_kept, (h[..., :3], JW, mask[..., :3], None), test_utils=kept)
+    for path in window.PATHS:
+        torch.library.opcheck(window.window_marginals_kept, (h[..., :3], JW, mask[..., :3], None, path),
+                              test_utils=kept)
 
 
 @pytest.mark.parametrize("config", ["h+J exact", "window"])

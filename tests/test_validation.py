@@ -35,7 +35,8 @@ REFUSED = {
     "window, not causal": (dict(causal=False, coupling="window", coupling_window=3),
                            dict(coupling_window=3), "is_causal=True"),
     "window, method meanfield": (dict(method="meanfield", coupling="window", coupling_window=3),
-                                 dict(method="meanfield", coupling_window=3, is_causal=True), "'exact' only"),
+                                 dict(method="meanfield", coupling_window=3, is_causal=True),
+                                 "'exact' and 'configurations' only"),
     "window, other options": (dict(coupling="window", coupling_window=3, method_options={"damping": 0.5}),
                               dict(coupling_window=3, is_causal=True, method_options={"damping": 0.5}),
                               "takes 'max_spins'"),
@@ -130,7 +131,8 @@ def test_records_derive_the_public_tables():
         assert record.limit
     assert methods.REGISTRY["exact"].kind == "exact" and "max_spins" in methods.REGISTRY["exact"].limit
     assert methods.REGISTRY["meanfield"].kind == "approximate"
-    assert methods.methods_with("toeplitz") == ("meanfield", "tap") and methods.methods_with("window") == ("exact",)
+    assert methods.methods_with("toeplitz") == ("meanfield", "tap")
+    assert methods.methods_with("window") == ("exact", "configurations")
     assert set(methods.methods_with("three_body")) == {"exact", "reference", "meanfield"}
 
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import symmetric_couplings
+from conftest import assert_flash_rule, plain_marginals, symmetric_couplings
 from torch.nn.attention.bias import causal_lower_right
 
 from boltzmann_attention import BoltzmannAttention, boltzmann_attention
@@ -22,14 +22,15 @@ def _qkv(B=2, H=2, L=7, S=None, E=4, dtype=torch.float64, seed=0):
             torch.randn(B, H, S, 3, dtype=dtype, generator=g))
 
 
-def _positional_reference(h, J, window, mask=None):
+def _positional_reference(h, J, window, mask=None, marginals=None):
     """Weights of the window model by brute force: query i's spins are its keys j <= i (present under mask),
     with J_pos[j, k] = J[i - j, i - k] when both are in the window (i - W < j, k <= i), else 0.
 
-    h: (B, H, L, S) float64; J: (H, W, W); mask: bool broadcastable to (B, H, L, S) or None.
+    h: (B, H, L, S) float64; J: (H, W, W); mask: bool broadcastable to (B, H, L, S) or None. marginals: the
+    function of (h, J, mask) that solves each query (default: the float64 reference).
     """
     B, H, L, S = h.shape
-    i, j = torch.arange(L)[:, None], torch.arange(S)[None, :]
+    i, j = torch.arange(L, device=h.device)[:, None], torch.arange(S, device=h.device)[None, :]
     d = i - j                                                   # slot of key j for query i
     in_window = (d >= 0) & (d < window)
     slot = d.clamp(0, window - 1)
@@ -38,7 +39,7 @@ def _positional_reference(h, J, window, mask=None):
     present = (d >= 0).expand(B, H, L, S)
     if mask is not None:
         present = present & mask
-    m = reference.marginals(h, J_pos[None], mask=present)
+    m = (marginals or (lambda h, J, mask: reference.marginals(h, J, mask=mask)))(h, J_pos[None], present)
     return (m + 1) / 2 * present
 
 
@@ -265,7 +266,7 @@ def test_errors_name_the_problem():
                             is_causal=True)
     with pytest.raises(ValueError, match="is_causal=True"):
         boltzmann_attention(q, k, v, couplings=J, coupling_window=3)
-    with pytest.raises(ValueError, match="'exact' only"):
+    with pytest.raises(ValueError, match="'exact' and 'configurations' only"):
         boltzmann_attention(q, k, v, couplings=J, coupling_window=3, is_causal=True, method="meanfield")
     with pytest.raises(ValueError, match="needs `couplings`"):
         boltzmann_attention(q, k, v, coupling_window=3, is_causal=True)
@@ -365,3 +366,174 @@ def test_slot_field_is_the_couplings_log_odds_when_no_other_key_is_attended(L, S
                 Jw = J[head][slots][:, slots].double()
                 minus_energy.append(float(s @ Jw @ s / 2))
             assert 2 * float(got[head, r, j]) == pytest.approx(minus_energy[0] - minus_energy[1], abs=1e-12)
+
+
+# --- the configurations path: softmax attention over the window's 2^W configurations --------------------
+
+def _sym(A):
+    return A.triu(1) + A.triu(1).transpose(-1, -2)
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 5, 8])
+def test_configurations_path_is_the_reference_with_absent_slots(W, device):
+    """Both paths against the float64 brute force, absent slots (free spins there) included, on every device."""
+    g = torch.Generator().manual_seed(W)
+    h = 1.5 * torch.randn(3, 11, W, dtype=torch.float64, generator=g)
+    J = symmetric_couplings(W, 3, 1, scale=1.0, generator=g)
+    present = torch.rand(3, 11, W, generator=g) > 0.35
+    present[0, 0], present[0, 1] = False, True                   # no spin at all; every spin
+    expected = reference.marginals(h, J, mask=present)
+    for mask in (present, None):
+        expected = reference.marginals(h, J, mask=mask)
+        m = window_ising.marginals(h.to(device), J.to(device), None if mask is None else mask.to(device),
+                                   path="configurations")
+        torch.testing.assert_close(m.cpu(), expected, atol=1e-12, rtol=0)
+    assert (m.cpu()[~present] == 0).all() if mask is not None else True
+
+
+def test_configurations_path_equals_the_split_at_ten_forward_and_gradients(device):
+    """W = 10, float64: the two paths' marginals and their gradients in h and in J (through the symmetric
+    parametrisation, which is what a layer's couplings are) agree to float64 precision."""
+    g = torch.Generator().manual_seed(10)
+    W = 10
+    h0 = torch.randn(2, 40, W, dtype=torch.float64, generator=g)
+    A0 = 0.4 * torch.randn(2, 1, W, W, dtype=torch.float64, generator=g)
+    weight = torch.randn(2, 40, W, dtype=torch.float64, generator=g)
+    present = torch.ones(2, 40, W, dtype=torch.bool).tril(W - 1)[..., :W]  # the first rows' windows partial
+    results = {}
+    for path in ("split", "configurations"):
+        for mask in (None, present):
+            h, A = h0.to(device).requires_grad_(), A0.to(device).requires_grad_()
+            m = window_ising.marginals(h, _sym(A), None if mask is None else mask.to(device), path=path)
+            (m * weight.to(device)).sum().backward()
+            results[path, mask is None] = (m.detach().cpu(), h.grad.cpu(), A.grad.cpu())
+    for full in (True, False):
+        for a, b in zip(results["split", full], results["configurations", full], strict=True):
+            torch.testing.assert_close(b, a, atol=1e-13, rtol=0)
+
+
+def test_configurations_path_gradcheck_h_and_J():
+    g = torch.Generator().manual_seed(4)
+    W = 5
+    h = torch.randn(1, 3, W, dtype=torch.float64, generator=g).requires_grad_()
+    A = torch.randn(1, W, W, dtype=torch.float64, generator=g).requires_grad_()
+    present = torch.tensor([[[True] * W, [True, False, True, True, False], [False, True, True, False, True]]])
+    for mask in (present, None):
+        assert torch.autograd.gradcheck(
+            lambda h, A, mask=mask: window_ising.marginals(h, _sym(A), mask, path="configurations"), (h, A))
+
+
+def test_configurations_path_solves_float32_rows_beyond_its_resolution_in_float64():
+    """Energies of scale 1e4 in float32 (beyond numerics.FLOAT32_SCALE_LIMIT): rescued as the split rescues them."""
+    g = torch.Generator().manual_seed(3)
+    W = 6
+    J = 1e3 * symmetric_couplings(W, 1, 1, generator=g)
+    h = 3e3 * torch.randn(1, 5, W, dtype=torch.float64, generator=g)
+    present = torch.ones(1, 5, W, dtype=torch.bool)
+    present[0, 4, :2] = False
+    expected = reference.marginals(h.float().double(), J.float().double(), mask=present)
+    m32 = window_ising.marginals(h.float(), J.float(), present, path="configurations")
+    torch.testing.assert_close(m32.double(), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["top-left", "bottom-right", "masked"])
+def test_the_layer_gives_the_same_numbers_on_either_path(case, device):
+    """The window attention with window_path 'split' and 'configurations' (and method 'configurations'): the same
+    outputs, weights and gradients in q, k, v and J, top-left and bottom-right causal, and with a mask."""
+    L, S = (5, 12) if case == "bottom-right" else (12, 12)
+    q0, k0, v0 = _qkv(L=L, S=S, E=3)
+    W = 6
+    A0 = 0.6 * torch.randn(2, W, W, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    causal = {"attn_mask": causal_lower_right(L, S)} if case == "bottom-right" else {"is_causal": True}
+    if case == "masked":
+        causal["attn_mask"] = (torch.rand(2, 1, L, S, generator=torch.Generator().manual_seed(3)) > 0.25).to(device)
+    results = []
+    for options in (dict(method_options={"window_path": "split"}), dict(method_options={"window_path":
+                                                                                      "configurations"}),
+                    dict(method="configurations")):
+        q, k, v, A = (x.to(device).requires_grad_() for x in (q0, k0, v0, A0))
+        out, w = boltzmann_attention(q, k, v, couplings=_sym(A), coupling_window=W, return_weights=True, bias=-0.3,
+                                     **causal, **options)
+        (out.square().sum() + w.sum()).backward()
+        results.append([x.detach().cpu() for x in (out, w, q.grad, k.grad, v.grad, A.grad)])
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            torch.testing.assert_close(b, a, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("path", ["split", "configurations"])
+def test_low_precision_window_follows_the_flash_rule(dtype, path, device):
+    """In float32 and bfloat16 (the layer computes in float32, returns the dtype) each path's output is within
+    twice plain PyTorch's error in the same dtype (the window model by a softmax over states, every operation in
+    the dtype) against the float64 definition."""
+    q, k, v = (x.to(dtype) for x in _qkv(L=9, E=4))
+    W = 4
+    J = _random_window_J(2, W).to(dtype)
+    out = boltzmann_attention(q.to(device), k.to(device), v.to(device), couplings=J.to(device), coupling_window=W,
+                              is_causal=True, method_options={"window_path": path})
+    assert out.dtype == dtype
+    h64 = q.double() @ k.double().transpose(-1, -2) / 2
+    expected = _positional_reference(h64, J.double(), W) @ v.double()
+    plain = _positional_reference(q.to(device) @ k.to(device).transpose(-1, -2) / 2, J.to(device), W,
+                                  marginals=plain_marginals) @ v.to(device)
+    assert_flash_rule(out, plain, expected)
+
+
+def test_the_rule_picks_the_path_and_the_layer_says_which():
+    """choose_path reads W and the device type only; 'auto' applies it, a named path or method 'configurations'
+    overrides it, and BoltzmannAttention.window_path says the one its forward takes."""
+    from boltzmann_attention.ising import configurations
+
+    up_to = window_ising.CONFIGURATIONS_UP_TO.get("cpu", 0)
+    if up_to >= 1:
+        assert window_ising.choose_path(up_to, "cpu") == "configurations"
+    assert window_ising.choose_path(up_to + 1, torch.device("cpu")) == "split"
+    assert window_ising.choose_path(4, "some-unmeasured-device") == "split"
+    for W in (up_to, up_to + 1):
+        if W < 1:
+            continue
+        layer = BoltzmannAttention(8, 2, max_len=8, coupling="window", coupling_window=W)
+        assert layer.window_path == window_ising.choose_path(W, "cpu")
+    named = BoltzmannAttention(8, 2, max_len=8, coupling="window", coupling_window=3,
+                               method_options={"window_path": "configurations"})
+    assert named.window_path == "configurations"
+    assert BoltzmannAttention(8, 2, max_len=8, coupling="window", coupling_window=3,
+                              method="configurations").window_path == "configurations"
+    assert BoltzmannAttention(8, 2, max_len=8).window_path is None
+
+    calls = []
+    original = configurations.solve
+
+    def spy(*args):
+        calls.append(args[0].shape)
+        return original(*args)
+
+    x = torch.randn(1, 7, 8)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(configurations, "solve", spy)
+        patch.setitem(window_ising.CONFIGURATIONS_UP_TO, "cpu", 3)
+        for W, used in ((3, True), (4, False)):
+            calls.clear()
+            layer = BoltzmannAttention(8, 2, max_len=8, coupling="window", coupling_window=W, coupling_init_std=0.1)
+            assert layer.window_path == ("configurations" if used else "split")
+            layer(x)
+            assert bool(calls) == used
+
+
+def test_window_path_errors_name_the_choices():
+    q, k, v = _qkv(L=5)
+    J = _random_window_J(2, 3)
+    with pytest.raises(ValueError, match=r"window_path must be one of \('auto', 'split', 'configurations'\)"):
+        boltzmann_attention(q, k, v, couplings=J, coupling_window=3, is_causal=True,
+                            method_options={"window_path": "fast"})
+    with pytest.raises(ValueError, match="method 'configurations' always runs the coupled window's 'configurations' "
+                                         "path; window_path applies to method 'exact'"):
+        BoltzmannAttention(8, 2, max_len=8, coupling="window", coupling_window=3, method="configurations",
+                           method_options={"window_path": "split"})
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['window_path'\] for method 'exact'"):
+        BoltzmannAttention(8, 2, max_len=8, method_options={"window_path": "split"})
+    with pytest.raises(ValueError, match="W <= 16"):
+        BoltzmannAttention(8, 2, max_len=8, coupling="window", coupling_window=17, method="configurations")
+    with pytest.raises(ValueError, match="path must be one of"):
+        window_ising.marginals(torch.zeros(2, 3), torch.zeros(3, 3), path="auto")

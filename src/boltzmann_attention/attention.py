@@ -239,10 +239,12 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         out = weights @ value
         return out, (weights.expand(*out.shape[:-1], S) if return_weights else None)
     if coupling_window is not None:
+        record = ising.resolve_method(method)
         return coupled_window.window_attention(
             field, value, couplings, coupling_window, keys_mask,
             scores=(query, key, scale, bias) if uses_field else None, return_weights=return_weights,
-            offset=causal_offset, check_couplings=False, **method_options)
+            offset=causal_offset, check_couplings=False, max_spins=record.spin_limit(method_options),
+            window_path=method_options.get("window_path", record.window_path))
     closed_form = modes.RECORDS[mode].weights
     if closed_form is not None:  # mode h: sigmoid(2h); h+J-step: sigmoid(2(h + J tanh h))
         weights = closed_form(field, couplings, mask)
@@ -360,6 +362,16 @@ class BoltzmannAttention(nn.Module):
             self.field_bias = nn.Parameter(torch.full((num_heads,), float(init)),
                                            requires_grad=learn_field_bias)
             self.field_bias._no_weight_decay = True
+
+    @property
+    def window_path(self) -> str | None:
+        """The path that computes the coupled window's marginals on the layer's device: 'split' or 'configurations'
+        (:mod:`boltzmann_attention.ising.window`): the method's own, the option window_path, or for 'auto' the
+        rule ``ising.window.choose_path`` on W and the device. None without a coupled window."""
+        if self.coupling_window is None or self.couplings is None:
+            return None
+        path = self.method_options.get("window_path", ising.resolve_method(self.method).window_path)
+        return ising.window.choose_path(self.coupling_window, self.value.weight.device) if path == "auto" else path
 
     def _heads(self, x: Tensor) -> Tensor:  # (B, L, D) -> (B, H, L, D/H)
         B, L, _ = x.shape

@@ -80,7 +80,8 @@ def _columns(L: int, S: int, window: int, device, offset: int = 0) -> tuple[Tens
 
 def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: int, mask: Tensor | None, *,
                      scores: tuple | None = None, return_weights: bool = False,
-                     max_spins: int = window_ising.MAX_SPINS, offset: int = 0, check_couplings: bool = True):
+                     max_spins: int = window_ising.MAX_SPINS, offset: int = 0, check_couplings: bool = True,
+                     window_path: str = "auto"):
     """Causal coupled-window attention.
 
     field: (B', H', L, S) fields, B' and H' broadcasting against value's; value: (B, H, S, Ev); couplings:
@@ -93,6 +94,8 @@ def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: in
     weights (B, H, L, S) if asked (else None). Empty batches, queries or keys give empty (or zero) results.
     check_couplings=False skips the checks of the couplings' values (finite, symmetric, zero diagonal), for
     callers that made them (the module) or checked them (the functional form); shapes are checked always.
+    window_path: the window marginals' path, 'split' or 'configurations' (:mod:`boltzmann_attention.ising.window`),
+    or 'auto': ``window_ising.choose_path(W, device)``, the documented rule.
     """
     window = check_int("coupling_window", window, 1)  # any integral type (numpy, ...), as every size
     compiling = couplings.device.type == "meta" or torch.compiler.is_compiling()
@@ -124,7 +127,13 @@ def window_attention(field: Tensor, value: Tensor, couplings: Tensor, window: in
     if mask is not None:
         present = present & mask.expand(*mask.shape[:-2], L, S).gather(-1, index.expand(*mask.shape[:-2], L, window))
     J = couplings.flip(-1, -2)[:, None]
-    solve = window_ising.window_solve if torch.compiler.is_compiling() else window_ising.marginals  # ising/opaque.py
+    path = window_ising.check_path(window_path)
+    path = window_ising.choose_path(window, field.device) if path == "auto" else path
+    compiled = window_ising.window_solve if torch.compiler.is_compiling() else window_ising.marginals  # opaque.py
+
+    def solve(h, J, present, key=None):
+        return compiled(h, J, present, key, path)
+
     partial = min(L, max(0, window - 1 - offset))  # the first rows have slots before key 0: absent
     if mask is None and partial < L and L + offset <= S:  # the other rows' windows are full: unmasked
         full = solve(h_band[..., partial:, :], J, None)

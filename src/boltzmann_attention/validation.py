@@ -44,6 +44,11 @@ def mode_terms(mode: str) -> tuple[bool, bool, bool]:
     return record.field, record.couplings, record.three_body
 
 
+def _auto_window_methods() -> tuple[str, ...]:
+    """The registered window methods whose path is chosen by the rule (and can be named by window_path)."""
+    return tuple(m for m in methods_with("window") if resolve_method(m).window_path == "auto")
+
+
 def _names(names: tuple[str, ...], conjunction: str = "and") -> str:
     """'a', 'a' and 'b', 'a', 'b' and 'c' (or 'or')."""
     quoted = [repr(n) for n in names]
@@ -107,12 +112,19 @@ def check_options(mode: str, method, method_options: dict | None, *, causal: boo
                          f"got {method!r}")
     if not causal:
         raise ValueError("coupling_window needs is_causal=True (slot a is key i - a, the keys before query i)")
-    unknown = set(given) - {"max_spins"}
+    record = resolve_method(method)
+    unknown = set(given) - {"max_spins", "window_path"}
     if unknown:
-        raise ValueError(f"unknown method_options {sorted(unknown)} for coupling_window; it takes 'max_spins'")
-    ising.validate_options(method, given)
+        raise ValueError(f"unknown method_options {sorted(unknown)} for coupling_window; it takes 'max_spins' and "
+                         f"'window_path'")
+    if "window_path" in given:
+        window_ising.check_path(given["window_path"])
+        if record.window_path != "auto":
+            raise ValueError(f"method {record.name!r} always runs the coupled window's {record.window_path!r} path; "
+                             f"window_path applies to method {_names(_auto_window_methods())}")
+    ising.validate_options(method, {k: v for k, v in given.items() if k != "window_path"})
     coupling_window = check_int("coupling_window", coupling_window, 1)  # any integral type, as every size
-    window_ising.check_window(None, coupling_window, given.get("max_spins", window_ising.MAX_SPINS))
+    window_ising.check_window(None, coupling_window, record.spin_limit(given))
 
 
 def check_length(method, n: int, coupling: str, coupling_range: int | None, method_options: dict | None, *,
@@ -206,7 +218,7 @@ def check_call(query: Tensor, key: Tensor, value: Tensor, *, couplings, three_bo
             raise ValueError(f"couplings must be a tensor of query's dtype {query.dtype} (or another float dtype, "
                              f"cast), got {type(couplings).__name__} {getattr(couplings, 'dtype', '')}")
         window_ising.check_window(None if _skip_value_checks(couplings) else couplings, coupling_window,
-                                  (method_options or {}).get("max_spins", window_ising.MAX_SPINS))
+                                  resolve_method(method).spin_limit(method_options or {}))
         if couplings.dim() == 3 and couplings.shape[0] not in (1, query.shape[1]):
             raise ValueError(f"window couplings must have shape (H, {coupling_window}, {coupling_window}) with H = 1 "
                              f"or {query.shape[1]} query heads, got {tuple(couplings.shape)}")

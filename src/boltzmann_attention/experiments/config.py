@@ -255,7 +255,7 @@ class TrainConfig:
         _choice("position", m.position, POSITIONS)
         _choice("mode", a.mode, LAYER_MODES)
         _choice("method", a.method, sorted(ising.METHODS))
-        _check_method_options(a.method, a.method_options)
+        _check_method_options(a.method, a.method_options, a.coupling)
         with torch.device("meta"):  # the layer checks its own options, with its own words, and allocates nothing
             BoltzmannAttention(m.d_model, m.n_heads, max_len=d.T, causal=True, position=LAYER_POSITION[m.position],
                                **asdict(a))
@@ -353,12 +353,14 @@ def _number(name: str, value, *, above: float | None = None, at_least: float | N
         raise ValueError(f"{name} must be {kind}{' ' + bound if bound else ''}, got {value!r}")
 
 
-def _check_method_options(method: str, options) -> None:
+def _check_method_options(method: str, options, coupling: str = "full") -> None:
     """ValueError for options that are not a dict of names, or that the method's record refuses (an
-    unknown name, or a value the method would refuse at its first call)."""
+    unknown name, or a value the method would refuse at its first call). The coupled window's own option
+    ``window_path`` is the layer's to check (it is no option of a method's marginals)."""
     if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
         raise ValueError(f"method_options must be a dict of option names to values, got {options!r}")
-    ising.validate_options(method, options)
+    ising.validate_options(method, {k: v for k, v in options.items() if not (coupling == "window"
+                                                                           and k == "window_path")})
 
 
 def _owners(cfg: TrainConfig) -> dict:

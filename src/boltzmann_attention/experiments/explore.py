@@ -52,10 +52,10 @@ from torch import Tensor, nn
 
 from ..attention import BoltzmannAttention
 from ..couplings import ContentCouplings, FullCouplings, RelativeCouplings, WindowCouplings
-from . import blocks
+from . import blocks, tasks
 from .config import TrainConfig
 from .conjunction import without_couplings
-from .results import ARCHIVE, HEADLINE, Results, load_runs, mode_rank, variant_rank
+from .results import ARCHIVE, Results, load_runs, mode_rank, variant_rank
 from .stats import distance_profile, stat
 from .tables import fmt_stat
 from .train import default_checkpoint, load_final, read_checkpoint
@@ -480,7 +480,7 @@ def _findings(path: Path) -> Page:
                                                         g.mode, g.method))
     rows = []
     for g in groups:
-        split, metric = HEADLINE.get(g.task, ("val", "loss"))
+        split, metric = tasks.REGISTRY[g.task].headline if g.task in tasks.REGISTRY else ("val", "loss")
         s, loss = stat(g.values(metric, split).values()), stat(g.values("loss").values())
         rows.append([g.task, g.variant, str(g.T), g.mode, g.method, ", ".join(map(str, sorted(g.runs))),
                      f"{split} {metric} {fmt_stat(s, 4, show_n=False)}", fmt_stat(loss, 4, show_n=False)])

@@ -13,20 +13,21 @@ marginal is 0.
 Methods (one module each, each tested against ``reference``; each module declares its record, with options,
 kind and limits, and :mod:`boltzmann_attention.ising.methods` collects them):
 
-=============  ======================================================  ====================
-method         what                                                    limit
-=============  ======================================================  ====================
-``exact``      split enumeration, Z = u^T T v as GEMMs (``split``)      n <= 24 (option)
-``reference``  brute-force enumeration in float64 (the test oracle)    n <= 20
-``banded``     transfer matrix for J_jk = 0 when |j-k| > w            any n, 2^w states
-``chain``      the same, log domain, a J per query (content couplings)  any n, 2^w states
-``meanfield``  naive mean field, damped fixed point, implicit grads    any n, approximate
-``tap``        mean field with the TAP (Onsager) correction            any n, approximate
-``gibbs``      Gibbs sampling (sequential heat bath), batched           any n, stochastic
-``pt``         parallel tempering over a beta ladder                    any n, stochastic
-``dqa``        simulated diabatic quantum annealing, then sampling      n <= 16, not Boltzmann
-``sqa``        simulated quantum annealing (path-integral MC)           any n, not Boltzmann
-=============  ======================================================  ====================
+==================  =======================================================  ======================
+method              what                                                     limit
+==================  =======================================================  ======================
+``exact``           split enumeration, Z = u^T T v as GEMMs (``split``)      n <= 24 (option)
+``configurations``  softmax attention over the 2^n states (one SDPA)         n <= 16 (option)
+``reference``       brute-force enumeration in float64 (the test oracle)     n <= 20
+``banded``          transfer matrix for J_jk = 0 when |j-k| > w              any n, 2^w states
+``chain``           the same, log domain, a J per query (content couplings)  any n, 2^w states
+``meanfield``       naive mean field, damped fixed point, implicit grads     any n, approximate
+``tap``             mean field with the TAP (Onsager) correction             any n, approximate
+``gibbs``           Gibbs sampling (sequential heat bath), batched           any n, stochastic
+``pt``              parallel tempering over a beta ladder                    any n, stochastic
+``dqa``             simulated diabatic quantum annealing, then sampling      n <= 16, not Boltzmann
+``sqa``             simulated quantum annealing (path-integral MC)           any n, not Boltzmann
+==================  =======================================================  ======================
 
 Sampled methods (gibbs, pt, dqa, sqa, and any dimod sampler through :class:`DimodSampler`) take a
 ``gradient`` option: 'covariance' (fluctuation-dissipation from the same samples), 'ste' (a documented
@@ -47,14 +48,14 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
-from . import annealing, banded, chain, exact, mcmc, meanfield, opaque, reference, sqa, toeplitz, window  # noqa: F401
+from . import annealing, banded, chain, configurations, exact, mcmc, meanfield, opaque, reference, sqa, toeplitz, window  # noqa: F401
 from ._inputs import check_inputs, empty_result, is_empty
 from .dimod_adapter import DimodSampler
 from .methods import REGISTRY, Method, resolve_method
 
 __all__ = ["marginals", "log_partition", "validate_options", "resolve_method", "Method", "METHODS", "OPTIONS",
-           "SAMPLED_METHODS", "ITERATIVE_METHODS", "DimodSampler", "annealing", "banded", "exact", "mcmc",
-           "meanfield", "reference", "sqa", "toeplitz", "window"]
+           "SAMPLED_METHODS", "ITERATIVE_METHODS", "DimodSampler", "annealing", "banded", "configurations", "exact",
+           "mcmc", "meanfield", "reference", "sqa", "toeplitz", "window"]
 
 # name -> (marginals, log_partition), every function taking (h, J, K, mask, **options); a sampled method's
 # log_partition raises, naming the methods that give log Z. Read-only, as the registry it is read from.

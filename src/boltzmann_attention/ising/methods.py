@@ -9,20 +9,21 @@ the package, by passing the record itself as ``method`` (to ``ising.marginals`` 
 registered name, a record, or a :class:`~boltzmann_attention.ising.dimod_adapter.DimodSampler` (any dimod
 sampler, sampled, no log Z). Two more solvers are reached through the layer, not through a name: the Toeplitz
 operator (``ising.toeplitz``, methods 'meanfield' and 'tap' on J_jk = f(|j - k|)) and the coupled window
-(``ising.window``, method 'exact' on a slot-indexed J); their records are those of the named methods.
+(``ising.window``, methods 'exact' and 'configurations' on a slot-indexed J); their records are those of the named
+methods.
 """
 
 from __future__ import annotations
 
 from types import MappingProxyType
 
-from . import annealing, banded, chain, exact, mcmc, meanfield, reference, sqa
+from . import annealing, banded, chain, configurations, exact, mcmc, meanfield, reference, sqa
 from .dimod_adapter import DimodSampler
-from .record import KINDS, Method, keyword_options
+from .record import KINDS, WINDOW_PATHS, Method, keyword_options
 
 REGISTRY = MappingProxyType({m.name: m for m in (
-    exact.METHOD, reference.METHOD, banded.METHOD, chain.METHOD, *meanfield.METHODS, *mcmc.METHODS, annealing.METHOD,
-    sqa.METHOD,
+    exact.METHOD, configurations.METHOD, reference.METHOD, banded.METHOD, chain.METHOD, *meanfield.METHODS,
+    *mcmc.METHODS, annealing.METHOD, sqa.METHOD,
 )})
 
 
@@ -43,4 +44,4 @@ def methods_with(attribute: str) -> tuple[str, ...]:
     return tuple(name for name, m in REGISTRY.items() if getattr(m, attribute))
 
 
-__all__ = ["KINDS", "REGISTRY", "Method", "keyword_options", "methods_with", "resolve_method"]
+__all__ = ["KINDS", "REGISTRY", "WINDOW_PATHS", "Method", "keyword_options", "methods_with", "resolve_method"]

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 KINDS = ("exact", "approximate", "sampled")
+WINDOW_PATHS = ("auto", "split", "configurations")  # the coupled window's paths (ising/window.py)
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,13 @@ class Method:
     window: bool = False
     keyed_masks: bool = False
     compiled: Callable | None = None
+    window_path: str = "auto"
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"a method's kind is one of {KINDS}, got {self.kind!r}")
+        if self.window_path not in WINDOW_PATHS:
+            raise ValueError(f"a method's window_path is one of {WINDOW_PATHS}, got {self.window_path!r}")
         if (self.log_partition is None) != (self.kind == "sampled"):
             raise ValueError("a sampled method has no log_partition, and every other method has one")
 

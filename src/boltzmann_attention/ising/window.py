@@ -27,6 +27,13 @@ are max-shifted in the log domain; a query whose Z still underflows (|h| or |J| 
 fields fighting couplings), or whose energy scale is beyond what its dtype resolves, is recomputed in
 float64 over its 2^W states, and energies that float64 cannot resolve either raise a ValueError.
 Limit: W <= ``max_spins`` (default 24; the table has 2^W entries per head).
+
+Two paths compute the same marginals (equal to float64 precision, tested): ``"split"``, the split enumeration
+above, and ``"configurations"``, softmax attention over the window's 2^W configurations through one fused SDPA
+kernel (:mod:`boltzmann_attention.ising.configurations`: q = [h, 1], k = [S, E_J(S)], v = S; a query with absent
+slots gets them as free spins). :func:`choose_path` is the rule the layer applies unless told a path (method
+'configurations', or method 'exact' with the option ``window_path``); it reads W and the device only, so the
+path a layer takes is known before it runs (``BoltzmannAttention.window_path``).
 """
 
 from __future__ import annotations
@@ -34,11 +41,33 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import exact, numerics, split
+from . import configurations, exact, numerics, split
 from ._inputs import group_queries
 from .opaque import grads, keep, token_like, wants_grad
+from .record import WINDOW_PATHS
 
 MAX_SPINS = 24
+PATHS = WINDOW_PATHS[1:]  # ("split", "configurations"); "auto" is choose_path
+# The rule: the largest W for which the configurations path is the faster one, per device type, from
+# measurements of both paths side by side (fwd+bwd, report/benchmark/window_paths.md, docs/design.md). On the
+# CPU it is never clearly faster (level at small W, slower beyond): 0. A device type without a measurement
+# (CUDA: the GPU check times both paths) takes the split enumeration.
+CONFIGURATIONS_UP_TO = {"cpu": 0}
+
+
+def choose_path(window: int, device) -> str:
+    """The coupled window's path for W = ``window`` keys on ``device`` (a torch.device or its type): 'configurations'
+    where W <= CONFIGURATIONS_UP_TO of the device type, else 'split'."""
+    kind = device if isinstance(device, str) else torch.device(device).type
+    return "configurations" if window <= CONFIGURATIONS_UP_TO.get(kind, 0) else "split"
+
+
+def check_path(path: str) -> str:
+    """ValueError unless ``path`` is one of WINDOW_PATHS; returns it."""
+    if not isinstance(path, str) or path not in WINDOW_PATHS:
+        raise ValueError(f"window_path must be one of {WINDOW_PATHS} ('auto': choose_path's rule on W and the "
+                         f"device), got {path!r}")
+    return path
 
 
 def check_window(J: Tensor | None, window: int, max_spins: int = MAX_SPINS) -> None:
@@ -67,9 +96,17 @@ def check_window(J: Tensor | None, window: int, max_spins: int = MAX_SPINS) -> N
         raise ValueError("window couplings must be symmetric: J_ab and J_ba are the same coupling")
 
 
-def marginals(h: Tensor, J: Tensor, present: Tensor | None = None, mask_key: str | None = None) -> Tensor:
+def marginals(h: Tensor, J: Tensor, present: Tensor | None = None, mask_key: str | None = None,
+              path: str = "split") -> Tensor:
     """<s_a> of the window system, shape of the broadcast (..., W). See the module docstring; mask_key names
-    ``present`` as in :func:`boltzmann_attention.ising.exact.marginals` (not read after the first call)."""
+    ``present`` as in :func:`boltzmann_attention.ising.exact.marginals` (not read after the first call); path:
+    'split' or 'configurations' (one of PATHS; 'auto' is resolved by the caller, :func:`choose_path`)."""
+    if path not in PATHS:
+        raise ValueError(f"the window's path must be one of {PATHS} here, got {path!r} ('auto' is resolved by "
+                         f"choose_path before the solve)")
+    if path == "configurations":  # absent slots: free spins, no mask patterns
+        g = group_queries(h, J, None, present)
+        return g.ungroup(configurations.solve(g.h, g.J, g.mask))
     if present is not None:  # each query on its present slots only (method exact's mask patterns)
         return exact.marginals(h, J, None, present, max_spins=h.shape[-1], mask_key=mask_key)
     g = group_queries(h, J, None, None)
@@ -123,17 +160,17 @@ def _contract(log_u: Tensor, log_v: Tensor, table: Tensor, SA1: Tensor, SB1: Ten
 
 # --- the opaque operators for torch.compile (ising/opaque.py) ------------------------------------------
 
-def _window_eager(h, J, present, mask_key=None):
-    return marginals(h, J, present, mask_key)
+def _window_eager(h, J, present, mask_key=None, path="split"):
+    return marginals(h, J, present, mask_key, path)
 
 
 @torch.library.custom_op("boltzmann_attention::window_marginals", mutates_args=())
-def window_marginals(h: Tensor, J: Tensor, present: Tensor | None, mask_key: str | None) -> Tensor:
+def window_marginals(h: Tensor, J: Tensor, present: Tensor | None, mask_key: str | None, path: str) -> Tensor:
     """<s_a> of the coupled window (:func:`boltzmann_attention.ising.window.marginals`), eagerly at run time."""
-    return _window_eager(h, J, present, mask_key).contiguous()
+    return _window_eager(h, J, present, mask_key, path).contiguous()
 
 
-def _window_fake(h, J, present, mask_key=None):
+def _window_fake(h, J, present, mask_key=None, path="split"):
     shapes = [h.shape[:-1], J.shape[:-2]] + ([present.shape[:-1]] if present is not None else [])
     return h.new_empty(tuple(torch.broadcast_shapes(*shapes)) + (h.shape[-1],))
 
@@ -142,49 +179,50 @@ window_marginals.register_fake(_window_fake)
 
 
 @torch.library.custom_op("boltzmann_attention::window_marginals_kept", mutates_args=())
-def window_marginals_kept(h: Tensor, J: Tensor, present: Tensor | None, mask_key: str | None
+def window_marginals_kept(h: Tensor, J: Tensor, present: Tensor | None, mask_key: str | None, path: str
                           ) -> tuple[Tensor, Tensor]:
     """``window_marginals`` and the token of its kept graph, for the backward (module docstring)."""
-    return keep(lambda h, J: _window_eager(h, J, present, mask_key), [h, J])
+    return keep(lambda h, J: _window_eager(h, J, present, mask_key, path), [h, J])
 
 
 @window_marginals_kept.register_fake
-def _(h, J, present, mask_key):
+def _(h, J, present, mask_key, path):
     return _window_fake(h, J, present), token_like()
 
 
 @torch.library.custom_op("boltzmann_attention::window_marginals_backward", mutates_args=())
 def window_marginals_backward(h: Tensor, J: Tensor, present: Tensor | None, grad: Tensor,
-                              token: Tensor | None, mask_key: str | None) -> tuple[Tensor, Tensor]:
-    gh, gJ = grads(lambda h, J: _window_eager(h, J, present, mask_key), [h, J], grad, token)
+                              token: Tensor | None, mask_key: str | None, path: str) -> tuple[Tensor, Tensor]:
+    gh, gJ = grads(lambda h, J: _window_eager(h, J, present, mask_key, path), [h, J], grad, token)
     return gh, gJ
 
 
 @window_marginals_backward.register_fake
-def _(h, J, present, grad, token, mask_key):
+def _(h, J, present, grad, token, mask_key, path):
     return h.new_empty(h.shape), J.new_empty(J.shape)
 
 
 def _window_setup(ctx, inputs, output):
-    h, J, present, mask_key = inputs
+    h, J, present, mask_key, path = inputs
     token = output[1] if isinstance(output, tuple) else None
     ctx.save_for_backward(h, J, present, token)
-    ctx.mask_key = mask_key
+    ctx.mask_key, ctx.path = mask_key, path
 
 
 def _window_backward(ctx, grad, *token_grad):
     h, J, present, token = ctx.saved_tensors
-    gh, gJ = window_marginals_backward(h, J, present, grad, token, ctx.mask_key)
-    return gh, gJ, None, None
+    gh, gJ = window_marginals_backward(h, J, present, grad, token, ctx.mask_key, ctx.path)
+    return gh, gJ, None, None, None
 
 
 window_marginals.register_autograd(_window_backward, setup_context=_window_setup)
 window_marginals_kept.register_autograd(_window_backward, setup_context=_window_setup)
 
 
-def window_solve(h: Tensor, J: Tensor, present: Tensor | None, mask_key: str | None = None) -> Tensor:
+def window_solve(h: Tensor, J: Tensor, present: Tensor | None, mask_key: str | None = None,
+                 path: str = "split") -> Tensor:
     """What ``torch.compile`` traces for the coupled window's marginals: the kept variant where a gradient is
     wanted."""
     if wants_grad(h, J):
-        return window_marginals_kept(h, J, present, mask_key)[0]
-    return window_marginals(h, J, present, mask_key)
+        return window_marginals_kept(h, J, present, mask_key, path)[0]
+    return window_marginals(h, J, present, mask_key, path)

@@ -4,6 +4,8 @@
     boltzmann-attention-bench steps [--sizes T ...] [--batch N] [--compiled] | steps --profile NAME [--match TEXT]
     boltzmann-attention-bench approximations [--only accuracy | scaling] [--plot PNG] [--json PATH]
     boltzmann-attention-bench window [--T N] [--B N] [--W N] [--threads N ...] [--repeats N]
+    boltzmann-attention-bench window-paths [--W N ...] [--B N] [--H N] [--T N] [--rounds N] [--threads N]
+    boltzmann-attention-bench gpu [--dry-run] [--out DIR] [--T N ...] [--budget-s S] [--commit HASH]
     boltzmann-attention-bench banded [--baseline COMMIT] [--T N] [--heads N] [--d-model N]
     boltzmann-attention-bench relative-steps [--sizes T ...] [--ranges b ...] [--breakdown] [--batch N] [--layers N]
     boltzmann-attention-bench grid-throughput --before CHECKOUT [--after CHECKOUT] [--profile NAME]
@@ -25,7 +27,7 @@ from pathlib import Path
 from ...provenance import package_version
 from ..tables import plural
 from ..train import check_output_path
-from . import approximations, dqa, layers, training
+from . import approximations, dqa, gpu, layers, training, window_paths
 from .common import machine_stamp, stamp_line
 
 NO_MATPLOTLIB = '--plot needs matplotlib: pip install -e ".[experiments]"'
@@ -49,7 +51,7 @@ def _command(sub, name: str, text: str) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="boltzmann-attention-bench", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:10]))
+                                     epilog="\n".join(__doc__.splitlines()[2:12]))
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -124,6 +126,36 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--heads", type=positive_int, default=1, help="heads of both layers (default: %(default)s)")
             p.add_argument("--d-model", type=positive_int, default=64,
                            help="model width of both layers (default: %(default)s)")
+
+    p = _command(sub, "window-paths", "the coupled window's two exact paths (split enumeration, configurations "
+                                      "through SDPA) side by side, fwd+bwd, per W: the measurements of the rule "
+                                      "ising.window.choose_path")
+    p.add_argument("--W", type=positive_int, nargs="+", default=list(range(4, 17, 2)),
+                   help="window lengths (default: 4 6 ... 16)")
+    p.add_argument("--B", type=positive_int, default=12, help="batch size (default: %(default)s)")
+    p.add_argument("--H", type=positive_int, default=4, help="heads (default: %(default)s)")
+    p.add_argument("--T", type=positive_int, default=256, help="sequence length (default: %(default)s)")
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="interleaved rounds after one warm-up call each (default: %(default)s)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows to this JSON file (default: none)")
+
+    p = _command(sub, "gpu", "the GPU check: the CUDA tests, then fwd+bwd of each layer against SDPA (flash) at T = "
+                             "1024 to 8192, into report/benchmark/gpu.md; under 8 minutes on one GPU")
+    p.add_argument("--dry-run", action="store_true",
+                   help="tiny sizes on the CPU, tests only collected, into a temporary folder: seconds, checks the "
+                        "command (default: off)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="folder of gpu.md and gpu.json (default: report/benchmark, with --dry-run a temporary one)")
+    p.add_argument("--T", type=positive_int, nargs="+", help="sequence lengths (default: 1024 2048 4096 8192)")
+    p.add_argument("--budget-s", type=positive_int, default=290,
+                   help="seconds of timings after which the remaining cells are not run (default: %(default)s)")
+    p.add_argument("--cell-s", type=positive_int, default=30,
+                   help="a layer is not run at 2T when its cell there (4 times a call at T, for the warm-up and each "
+                        "repeat) would take longer than this (default: %(default)s)")
+    p.add_argument("--tests-s", type=positive_int, default=120,
+                   help="time limit of the CUDA tests' pytest run (default: %(default)s)")
+    p.add_argument("--commit", help="the commit to stamp where the checkout has no git history (default: git's)")
 
     p = _command(sub, "relative-steps", "training steps of the find-the-block model: h+J with relative couplings "
                                         "(exact by method 'banded') against h-rope, interleaved, with the speed "
@@ -316,6 +348,31 @@ def run_window(args) -> None:
     print("\n".join(layers.window_errors(args.T)))
 
 
+def run_window_paths(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    stamp = machine_stamp(args.threads)
+    rows = window_paths.path_rows(tuple(args.W), args.B, args.H, args.T, args.rounds)
+    print(stamp_line(stamp))
+    print(f"Coupled window, B = {args.B}, H = {args.H}, T = {args.T}, head dim 16, float32, causal, fwd+bwd; median "
+          f"of {plural(args.rounds, 'interleaved round')}, wall ms; load average at the end of each row\n")
+    print(window_paths.path_table(rows))
+    _write_json(args.json, {"machine": stamp, "rows": rows})
+
+
+def run_gpu(args) -> None:
+    settings = gpu.dry_settings(args.out) if args.dry_run else gpu.Settings()
+    if args.out is not None:
+        settings.out = args.out
+    if args.T is not None:
+        settings.sizes = tuple(args.T)
+    if not args.dry_run:
+        settings.budget_s, settings.cell_s, settings.tests_s = args.budget_s, args.cell_s, args.tests_s
+    settings.commit = args.commit
+    gpu.run(settings)
+
+
 def run_relative_steps(args) -> None:
     stamp = machine_stamp(args.threads)
     rows = training.relative_step_rows(sizes=args.sizes, ranges=args.ranges, steps=args.steps, rounds=args.rounds,
@@ -348,7 +405,8 @@ def run_dqa_calibration(args) -> None:
 
 
 COMMANDS = {"methods": run_methods, "steps": run_steps, "approximations": run_approximations, "window": run_window,
-            "banded": run_window, "relative-steps": run_relative_steps, "grid-throughput": run_grid_throughput,
+            "banded": run_window, "window-paths": run_window_paths, "gpu": run_gpu,
+            "relative-steps": run_relative_steps, "grid-throughput": run_grid_throughput,
             "dqa-calibration": run_dqa_calibration}
 
 

@@ -18,7 +18,8 @@ class ShakespeareTask:
     def __init__(self, cfg):
         self.T = cfg.data.T
         self.text = datasets.ShakespeareData()
-        self.vocab_size = self.text.vocab.size
+        self.vocab = self.text.vocab  # characters <-> tokens
+        self.vocab_size = self.vocab.size
         self.val = self.text.val_windows(self.T, max_windows=cfg.data.eval_windows)
 
     def batch(self, batch_size: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
