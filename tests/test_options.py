@@ -79,3 +79,16 @@ def test_each_value_is_checked_by_its_record(name, value, message):
         OPTIONS[name].check(value)
     with pytest.raises(ValueError, match=message):
         BoltzmannAttention(8, 2, max_len=8, **{name: value})
+
+
+def test_the_layer_chooses_by_records_never_by_a_mode_or_method_name():
+    """attention.py, validation.py and the transformers adapter read what a mode or method does from its record."""
+    from pathlib import Path
+
+    import boltzmann_attention
+
+    root = Path(boltzmann_attention.__file__).parent
+    for name in ("attention.py", "validation.py", "integrations/transformers.py"):
+        text = (root / name).read_text()
+        found = re.findall(r"\b(?:mode|method)\s*[!=]=\s*[\"']", text)
+        assert not found, (name, found)

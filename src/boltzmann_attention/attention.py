@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias, CausalVariant
 
-from . import coupled_window, ising, modes, recency
+from . import coupled_window, ising, modes
 from .couplings import ContentCouplings, FullCouplings, RelativeCouplings, ThreeBodyCouplings, WindowCouplings
-from .mta import KeyQueryKernel, multi_token_attention
+from .mta import KeyQueryKernel
 from .options import OPTIONS
 from .positions import SlotBias, alibi_bias, alibi_slopes, rotary
 from .validation import (
@@ -253,8 +253,8 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
         if isinstance(couplings, ising.toeplitz.Toeplitz):  # one profile per head, (H, 1, w) against (B, H, L)
             solve = ising.toeplitz.causal_marginals if causal_offset == 0 else ising.toeplitz.solve
             m = solve(field.expand(torch.broadcast_shapes(field.shape, (1, 1, L, S))),
-                      ising.toeplitz.Toeplitz(couplings.profile[:, None]), spins_mask, tap=method == "tap",
-                      **method_options)[0]
+                      ising.toeplitz.Toeplitz(couplings.profile[:, None]), spins_mask,
+                      **dict(ising.resolve_method(method).toeplitz_options), **method_options)[0]
         elif isinstance(couplings, ising.chain.Band):  # from content, (B, H, 1 or L, S, w) against (B, H, L, S)
             m = ising.chain.band_marginals(field, couplings, spins_mask, **method_options)
         else:  # (H, 1, S, S) against (B, H, L); content couplings come as (B, H, 1 or L, S, S)
@@ -353,7 +353,7 @@ class BoltzmannAttention(nn.Module):
 
         self.position = position
         self.slot_bias = SlotBias(num_heads, slot_bias, slot_bias_parametrization) if slot_bias is not None else None
-        self.forget_gate = nn.Linear(embed_dim, num_heads) if mode == "fox" else None
+        self.forget_gate = nn.Linear(embed_dim, num_heads) if record.forget_gate else None
         self.kernel = KeyQueryKernel(num_heads, mta_kernel_queries, mta_kernel_keys) if record.convolution else None
 
         self.field_bias = None
@@ -393,7 +393,7 @@ class BoltzmannAttention(nn.Module):
 
     def _check_cache(self, cache: dict, x: Tensor) -> None:
         """ValueError unless ``cache`` is this layer's, from earlier calls with x's batch size and device."""
-        expected = {"owner", "key", "value"} | ({"log_forget"} if self.mode == "fox" else set()) \
+        expected = {"owner", "key", "value"} | ({"log_forget"} if self.forget_gate is not None else set()) \
             | ({"query"} if self.kernel is not None else set()) \
             | ({"content_key"} if isinstance(self.couplings, ContentCouplings) else set())
         owner = cache.get("owner")
@@ -443,7 +443,8 @@ class BoltzmannAttention(nn.Module):
         if self.position == "rope":
             positions = torch.arange(past, S, device=x.device)
             q, k = rotary(q, positions), rotary(k, positions)
-        log_forget = F.logsigmoid(self.forget_gate(x)).transpose(1, 2) if self.mode == "fox" else None  # (B, H, L)
+        gate = self.forget_gate
+        log_forget = None if gate is None else F.logsigmoid(gate(x)).transpose(1, 2)  # (B, H, L)
         rows = q  # mta: the queries its convolution reads, the cached ones before these
         if cache is not None:
             extra = {}
@@ -470,16 +471,9 @@ class BoltzmannAttention(nn.Module):
             if key_padding_mask is not None:
                 raise ValueError(f"mode {self.mode!r} takes no key_padding_mask (it runs over every key before the "
                                  "query)")
-            bias = 0.0 if prior is None else prior
-            if self.mode == "fox":
-                result = recency.forgetting_attention(q, k, v, log_forget, bias=bias, return_weights=need_weights)
-            elif self.mode == "stickbreaking":
-                result = recency.stickbreaking_attention(q, k, v, bias=bias, return_weights=need_weights)
-            else:  # the cached queries' rows are computed for the convolution and dropped
-                prior_rows = bias if prior is None else F.pad(prior, (0, 0, rows.shape[-2] - L, 0))
-                result = multi_token_attention(rows, k, v, self.kernel.weight, bias=prior_rows,
-                                               return_weights=need_weights)
-                result = tuple(r[..., -L:, :] for r in result) if need_weights else result[..., -L:, :]
+            kernel = None if self.kernel is None else self.kernel.weight
+            state = {"log_forget": log_forget, "rows": rows, "kernel": kernel}
+            result = modes.RECORDS[self.mode].attend(q, k, v, state, 0.0 if prior is None else prior, need_weights)
             out, weights = result if need_weights else (result, None)
             return self.out(out.transpose(1, 2).reshape(B, L, self.embed_dim)), weights
         attn_mask = None

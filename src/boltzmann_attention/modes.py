@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import mta, recency
+
 
 @dataclass(frozen=True)
 class Mode:
@@ -24,7 +26,11 @@ class Mode:
     pairwise couplings J between keys; three_body: three-body couplings K; field_bias: a learnable field bias
     per head; recency: a learned-recency softmax baseline (:mod:`boltzmann_attention.recency`), offered by the
     module only; convolution: a softmax of scores mixed by a learned key-query convolution
-    (:mod:`boltzmann_attention.mta`), module only; softmax: the weights are SDPA's softmax of the scores; weights:
+    (:mod:`boltzmann_attention.mta`), module only; forget_gate: the module computes a per-head forget gate from
+    its input (kept in a decoding cache as 'log_forget'); attend: for a module-only mode, ``attend(q, k, v, state,
+    bias, return_weights)``, its attention with ``state`` {'log_forget': (B, H, S) or None, 'rows': the queries
+    its convolution reads, the cached ones first, 'kernel': the convolution's (H, cq, ck) or None} and bias the
+    position prior added to the scores; softmax: the weights are SDPA's softmax of the scores; weights:
     for a closed form, ``weights(h, J, mask)``, the weights from the field h (..., L, S), the couplings J
     ((H, S, S), or None for a mode without) and the mask ((..., L, S) bool, True where the key takes part, or
     None), before the mask is applied (mode 'h': sigmoid(2h), the marginal of a free spin). A mode with couplings
@@ -41,11 +47,16 @@ class Mode:
     convolution: bool = False
     softmax: bool = False
     weights: Callable | None = None
+    forget_gate: bool = False
+    attend: Callable | None = None
 
     def __post_init__(self):
         if self.weights is not None and (self.three_body or self.module_only or self.softmax):
             raise ValueError(f"mode {self.name!r}: a closed form is for a mode without three-body couplings, recency, "
                              "convolution or softmax")
+        if (self.attend is not None) != self.module_only:
+            raise ValueError(f"mode {self.name!r}: a module-only mode (recency, convolution) gives its attend "
+                             "function, and no other mode does")
 
     @property
     def module_only(self) -> bool:
@@ -78,6 +89,23 @@ def _one_step(field: torch.Tensor, couplings: torch.Tensor, mask: torch.Tensor |
     return torch.sigmoid(2 * (field + m0 @ couplings))  # (..., H, L, S) @ (H, S, S); J symmetric
 
 
+def _forgetting(q, k, v, state: dict, bias, return_weights: bool):
+    return recency.forgetting_attention(q, k, v, state["log_forget"], bias=bias, return_weights=return_weights)
+
+
+def _stickbreaking(q, k, v, state: dict, bias, return_weights: bool):
+    return recency.stickbreaking_attention(q, k, v, bias=bias, return_weights=return_weights)
+
+
+def _convolved(q, k, v, state: dict, bias, return_weights: bool):
+    """The convolution reads the cached queries' rows too; their rows are computed and dropped."""
+    rows, L = state["rows"], q.shape[-2]
+    if isinstance(bias, torch.Tensor):
+        bias = torch.nn.functional.pad(bias, (0, 0, rows.shape[-2] - L, 0))
+    result = mta.multi_token_attention(rows, k, v, state["kernel"], bias=bias, return_weights=return_weights)
+    return tuple(r[..., -L:, :] for r in result) if return_weights else result[..., -L:, :]
+
+
 RECORDS: dict[str, Mode] = {m.name: m for m in (
     Mode("softmax", "F.scaled_dot_product_attention itself", softmax=True),
     Mode("h", "sigmoid attention, sigmoid(2h), closed form", field_bias=True, weights=_free_spin),
@@ -88,10 +116,10 @@ RECORDS: dict[str, Mode] = {m.name: m for m in (
     Mode("h+J+K", "pairwise and three-body couplings", couplings=True, three_body=True, field_bias=True),
     Mode("h+J-step", "one mean-field step from the free spins, sigmoid(2(h + J tanh h)): the control that mixes "
          "neighbouring scores without Ising inference", couplings=True, field_bias=True, weights=_one_step),
-    Mode("fox", "forgetting attention (module only)", recency=True),
-    Mode("stickbreaking", "stick-breaking attention (module only)", recency=True),
+    Mode("fox", "forgetting attention (module only)", recency=True, forget_gate=True, attend=_forgetting),
+    Mode("stickbreaking", "stick-breaking attention (module only)", recency=True, attend=_stickbreaking),
     Mode("mta", "multi-token attention: softmax of the scores convolved over neighbouring keys and queries (module "
-         "only)", convolution=True),
+         "only)", convolution=True, attend=_convolved),
 )}
 
 class Names(Sequence):

@@ -299,8 +299,8 @@ def check_layer_options(*, head_dim: int, **given) -> None:
         check_options(mode, o["method"], o["method_options"], causal=o["causal"], coupling=coupling,
                       coupling_window=o["coupling_window"], coupling_window_relative=o["coupling_window_relative"],
                       coupling_range=o["coupling_range"])
-    if o["position"] == "rope" and mode == "J":
-        raise ValueError("position 'rope' rotates queries and keys, which mode 'J' does not have")
+    if o["position"] == "rope" and not record.field:
+        raise ValueError(f"position 'rope' rotates queries and keys, which mode {mode!r} does not have")
     if o["position"] == "rope" and head_dim % 2:
         raise ValueError(f"position 'rope' rotates channel pairs: the head dimension {head_dim} must be even")
     if o["slot_bias"] is None and o["slot_bias_parametrization"] != "direct":

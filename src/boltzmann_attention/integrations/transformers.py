@@ -244,7 +244,7 @@ def _window(params: BoltzmannParameters, query: Tensor, key: Tensor, value: Tens
     if lo == 0:
         return out, weights, value[..., :S, :]
     field = bias[..., :lo] if per_key else bias
-    if params.mode != "J":
+    if modes.RECORDS[params.mode].field:
         field = query @ key[..., :lo, :].transpose(-1, -2) * scaling + field
     field = torch.as_tensor(field, dtype=query.dtype, device=query.device).expand(*out.shape[:-1], lo)
     if not bool(torch.isfinite(field).all()):

@@ -408,5 +408,5 @@ METHODS = (
            toeplitz=True),
     Method("tap", _with_tap(marginals), _with_tap(log_partition), keyword_options(marginals, frozenset({"tap"})),
            "approximate", "any n, pairwise only; may not converge (options max_iter, damping, solver, on_fail)",
-           lambda options: _check_options({**options, "tap": True}), toeplitz=True),
+           lambda options: _check_options({**options, "tap": True}), toeplitz=True, toeplitz_options=(("tap", True),)),
 )

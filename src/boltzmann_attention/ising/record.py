@@ -28,7 +28,8 @@ class Method:
     number), moved by the option of the same name when the method takes it; max_bandwidth: the widest band of
     couplings it solves (None: it needs no band), moved likewise; three_body: whether it takes three-body couplings
     K; toeplitz: whether it also solves J_jk = f(|j - k|) given as its profile (``ising.toeplitz``, never an (n, n)
-    matrix); band: whether it also takes couplings in band form (``ising.chain.Band``, J_{p-d, p} per spin p and
+    matrix), with ``toeplitz_options`` ((name, value) pairs) fixed for that solver; band: whether it also takes
+    couplings in band form (``ising.chain.Band``, J_{p-d, p} per spin p and
     distance d, for couplings that differ per query); window: whether it also solves the coupled window
     (``ising.window``, a slot-indexed J shared by all queries); keyed_masks: whether ``marginals`` takes
     ``mask_key``, the caller's name for a mask that is the same every call (then not read after the first, see
@@ -48,6 +49,7 @@ class Method:
     max_bandwidth: int | None = None
     three_body: bool = False
     toeplitz: bool = False
+    toeplitz_options: tuple = ()
     band: bool = False
     window: bool = False
     keyed_masks: bool = False
