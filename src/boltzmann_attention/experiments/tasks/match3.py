@@ -96,6 +96,26 @@ class Match3Data:
         return generate(batch_size, generator, self.T, self.modulus)
 
 
+def shortcut_accuracy(data: Match3Data) -> tuple[float, float]:
+    """The premise, measured: test accuracy of the majority-class rule learned on the validation set from the
+    query's residue alone, and the best such rule from the query and any one key (by position). Both are at
+    chance (1/2) when no single token decides a label."""
+    (xv, yv), (xt, yt) = data.val, data.test
+    yes_v, yes_t = yv[:, -1] == data.modulus + 1, yt[:, -1] == data.modulus + 1
+
+    def holdout(fv: Tensor, ft: Tensor) -> float:  # features as integer codes
+        size = int(max(fv.max(), ft.max())) + 1
+        positives = torch.zeros(size).index_add_(0, fv, yes_v.float())
+        counts = torch.zeros(size).index_add_(0, fv, torch.ones(len(fv)))
+        rule = 2 * positives > counts  # majority per code; unseen codes: negative
+        return float((rule[ft] == yes_t).float().mean())
+
+    M = data.modulus
+    alone = holdout(xv[:, -1], xt[:, -1])
+    pairs = max(holdout(xv[:, -1] * M + xv[:, j], xt[:, -1] * M + xt[:, j]) for j in range(data.T - 1))
+    return alone, pairs
+
+
 def evaluate(model, x: Tensor, y: Tensor, batch_size: int) -> dict:
     """The loss over the answers, their accuracy, and the error (1 - accuracy) that a run is judged by."""
     metrics = accuracy_metrics(model, x, y, batch_size)

@@ -1,0 +1,134 @@
+"""The Match3 study's task, settings, arms and grids (protocol.md)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ...arms import Arm, stage_grids
+from ...sweep import Grid
+
+PREFIX = "m3-"
+LAYERS, HEADS = 4, 2
+RECIPE = {"batch_size": 32, "beta2": 0.99, "weight_decay": 0.1, "grad_clip": 1.0, "min_lr_ratio": 0.1,
+          "fused_optimizer": False, "init": "gpt2"}
+WARMUP_SHARE, EVALUATIONS = 0.05, 8
+REFERENCE_LR = 1e-3
+LEARNING_RATES = (3e-4, 1e-3, 3e-3)
+SOLVED = 0.05            # the calibration's bar: the best arm's validation error at most this
+TUNING_SEED = 0
+SEEDS = (0, 1, 2)
+DECISIVE_SEEDS = (3, 4)
+MARGIN = 2.0             # points of test error: the TOST margin
+RANK = 16
+
+
+def modulus(T: int) -> int:
+    """The modulus at which about half of uniform sequences are positive: the (T - 1)(T - 2) / 2 pairs of keys
+    before the query miss a given residue with probability about exp(-pairs / M) = 1/2."""
+    return round((T - 1) * (T - 2) / 2 / math.log(2))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The sequence length T (the modulus follows), the model width and the run length."""
+
+    T: int
+    d_model: int
+    steps: int
+
+    @property
+    def modulus(self) -> int:
+        return modulus(self.T)
+
+    @property
+    def name(self) -> str:
+        return f"T{self.T}-d{self.d_model}-steps{self.steps}"
+
+    @property
+    def overrides(self) -> dict:
+        return {**RECIPE, "modulus": self.modulus, "n_layers": LAYERS, "n_heads": HEADS, "d_model": self.d_model,
+                "d_ff": 4 * self.d_model, "steps": self.steps, "warmup_steps": round(WARMUP_SHARE * self.steps),
+                "eval_interval": self.steps // EVALUATIONS}
+
+
+# the calibration's settings, in the order they are run: larger models and longer runs, then shorter sequences
+SETTINGS = tuple(Setting(T, d, steps) for T in (12, 8) for d, steps in ((64, 8000), (64, 32000), (128, 32000)))
+
+_ROPE = (("position", "rope"),)
+_CONTENT = (("coupling_rank", RANK),)
+ARMS = {a.name: a for a in (
+    Arm("softmax-rope", "softmax", _ROPE),
+    Arm("mta", "mta", _ROPE),
+    Arm("stickbreaking", "stickbreaking", (("position", "none"),)),
+    Arm("h-rope", "h", _ROPE),
+    Arm("relative", "h+J", _ROPE + (("coupling", "relative"),), "exact"),
+    Arm("keys", "h+J", _ROPE + (("coupling", "keys"),) + _CONTENT, "exact"),
+    Arm("keys-step", "h+J-step", _ROPE + (("coupling", "keys"),) + _CONTENT),
+    Arm("query", "h+J", _ROPE + (("coupling", "query"),) + _CONTENT, "exact"),
+)}
+CALIBRATION_ARMS = ("softmax-rope", "mta", "stickbreaking")
+SINGLE_SCORE = ("softmax-rope", "stickbreaking", "h-rope")
+CONTENT = ("keys", "query")
+CONTROL, STATIC = "keys-step", "relative"
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """The decisions made from runs (``decisions.json``; the measurements behind them: the report)."""
+
+    calibration_settings: int = 1       # how many of SETTINGS have been started, in order
+    chosen: int | None = None           # the index (from 1) of the setting that passed
+    extra_learning_rates: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    diverged: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    best_lr: dict[str, float] = field(default_factory=dict)
+    best_single: str | None = None
+    best_content: str | None = None
+
+    @property
+    def setting(self) -> Setting | None:
+        """The chosen setting, None while the calibration goes on."""
+        return None if self.chosen is None else SETTINGS[self.chosen - 1]
+
+
+def variant(arm: str, s: Setting, lr: float) -> str:
+    return f"{PREFIX}{arm}-{s.name}-lr{lr:g}"
+
+
+def grid(arm: str, s: Setting, lr: float, seeds: tuple[int, ...]) -> Grid:
+    a = ARMS[arm]
+    overrides = {**s.overrides, **dict(a.options), "lr": lr}
+    if a.boltzmann:  # the package's convention: -1/2 log T on h
+        overrides.update(field_bias_init=-0.5 * math.log(s.T), learn_field_bias=True)
+    return Grid(("match3",), (s.T,), modes=(a.mode,), methods=(a.method,), seeds=seeds,
+                variant=variant(arm, s, lr), overrides=overrides)
+
+
+def calibration_outcome(errors: list[float | None]) -> str | None:
+    """The rule on the calibration arms' validation errors at one setting: "pass" when the best is at most
+    SOLVED, "next" when every arm has run and none is, None while a run is missing."""
+    if any(e is None for e in errors):
+        return None
+    return "pass" if min(errors) <= SOLVED else "next"
+
+
+def learning_rates(arm: str, d: Decisions) -> tuple[float, ...]:
+    return tuple(sorted(set(LEARNING_RATES) | set(d.extra_learning_rates.get(arm, ()))))
+
+
+def decisive(d: Decisions) -> tuple[str, ...]:
+    return tuple(a for a in (d.best_content, CONTROL, STATIC, d.best_single) if a)
+
+
+def match3_grids(field_bias: str, d: Decisions) -> list[Grid]:
+    """The calibration, then stages 1-3 as their inputs are decided. ``field_bias`` does not apply: every
+    Boltzmann arm starts its field bias at -1/2 log T (protocol.md)."""
+    started = SETTINGS[:d.calibration_settings if d.chosen is None else d.chosen]
+    grids = [grid(arm, s, REFERENCE_LR, (TUNING_SEED,)) for s in started for arm in CALIBRATION_ARMS]
+    s = d.setting
+    if s is None:
+        return grids
+    return grids + stage_grids(lambda arm, lr, seeds: grid(arm, s, lr, seeds), ARMS,
+                               lambda arm: [lr for lr in learning_rates(arm, d) if lr not in d.diverged.get(arm, ())],
+                               d.best_lr, decisive(d), calibration_arms=CALIBRATION_ARMS, reference_lr=REFERENCE_LR,
+                               tuning_seed=TUNING_SEED, seeds=SEEDS, decisive_seeds=DECISIVE_SEEDS)
