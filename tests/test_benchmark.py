@@ -198,7 +198,7 @@ def test_an_error_while_measuring_is_one_line_not_a_traceback(error, status, mon
 
 
 COMMAND_FUNCTIONS = ("methods", "steps", "approximations", "window", "banded", "window-paths", "gpu", "relative-steps",
-                     "grid-throughput", "dqa-calibration")
+                     "grid-throughput", "dqa-calibration", "qpu")
 
 
 @pytest.mark.slow
@@ -290,7 +290,8 @@ def test_outputs_into_a_missing_folder_are_created_before_measuring(tmp_path, mo
                                   ("window", "--json", "{file}/w.json"),
                                   ("steps", "--json", "{file}/s.json"),
                                   ("banded", "--json", "{dir}"),
-                                  ("dqa-calibration", "{file}/report")], ids=" ".join)
+                                  ("dqa-calibration", "{file}/report"),
+                                  ("qpu", "{file}/report")], ids=" ".join)
 def test_an_output_path_that_cannot_be_written_is_an_error_up_front(argv, tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
     (tmp_path / "plain").write_text("a regular file")
@@ -302,6 +303,14 @@ def test_an_output_path_that_cannot_be_written_is_an_error_up_front(argv, tmp_pa
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert ("cannot write" in err and str(tmp_path / "plain") in err) or f"{str(tmp_path)!r} is a folder" in err, err
+
+
+def test_qpu_without_the_extra_fails_before_any_work_naming_it(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "dwave.system", None)  # import dwave.system -> ImportError
+    monkeypatch.setitem(cli.COMMANDS, "qpu", lambda args: pytest.fail("ran before the check"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["qpu", str(tmp_path / "report")])
+    assert exit_info.value.code == 2 and '".[qpu]"' in capsys.readouterr().err
 
 
 def test_plot_without_matplotlib_fails_before_any_work(monkeypatch, capsys, tmp_path):

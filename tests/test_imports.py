@@ -16,6 +16,9 @@ studies/<name>/ belongs to that study, one directly in experiments/ is layer 2 u
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,3 +171,21 @@ def test_layers_are_ordered(name):
     expected = {f"{PACKAGE}.ising.exact": 0, f"{PACKAGE}.attention": 1, f"{EXPERIMENTS}.sweep": 2,
                 f"{EXPERIMENTS}.report": 3, f"{STUDIES}.paper": 4, STUDIES: 5, f"{EXPERIMENTS}.cli": 6}
     assert layer(name) == expected[name]
+
+
+@pytest.mark.slow
+def test_the_package_imports_without_the_qpu_extra_and_names_it():
+    """ising.qpu imports D-Wave's packages on first use only: without them the package imports, and QPUSampler
+    raises an ImportError naming the [qpu] extra."""
+    code = ("import sys\n"
+            "for name in ('dimod', 'dwave', 'dwave.system', 'dwave.embedding', 'dwave.graphs', 'minorminer'):\n"
+            "    sys.modules[name] = None\n"
+            "from boltzmann_attention import ising\n"
+            "try:\n"
+            "    ising.QPUSampler(object())\n"
+            "except ImportError as e:\n"
+            "    assert 'boltzmann-attention[qpu]' in str(e), e\n"
+            "else:\n"
+            "    raise AssertionError('no ImportError')\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}  # this checkout's package, as the tests import it
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)

@@ -34,6 +34,9 @@ Sampled methods (gibbs, pt, dqa, sqa, and any dimod sampler through :class:`Dimo
 straight-through surrogate) or 'nudged' (a second sampling phase; works with any sampler). See
 ``_sampling.py``.
 
+:class:`QPUSampler` (module ``qpu``, extra ``[qpu]``) runs them on a D-Wave QPU: fixed embeddings per shape,
+many queries per call, chain strength and the device's ranges, and the temperature calibrated to exp(-E).
+
 ``dqa`` with ``target_beta=1.0`` runs the anneal at the energy scale calibrated to approximate exp(-E)
 (``annealing.calibrate_energy_scale``; ``annealing.effective_beta`` measures any anneal's temperature).
 
@@ -48,14 +51,29 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
-from . import annealing, banded, chain, configurations, exact, mcmc, meanfield, opaque, reference, sqa, toeplitz, window  # noqa: F401
+from . import (  # noqa: F401
+    annealing,
+    banded,
+    chain,
+    configurations,
+    exact,
+    mcmc,
+    meanfield,
+    opaque,
+    qpu,
+    reference,
+    sqa,
+    toeplitz,
+    window,
+)
 from ._inputs import check_inputs, empty_result, is_empty
 from .dimod_adapter import DimodSampler
 from .methods import REGISTRY, Method, resolve_method
+from .qpu import QPUSampler
 
 __all__ = ["marginals", "log_partition", "validate_options", "resolve_method", "Method", "METHODS", "OPTIONS",
-           "SAMPLED_METHODS", "ITERATIVE_METHODS", "DimodSampler", "annealing", "banded", "configurations", "exact",
-           "mcmc", "meanfield", "reference", "sqa", "toeplitz", "window"]
+           "SAMPLED_METHODS", "ITERATIVE_METHODS", "DimodSampler", "QPUSampler", "annealing", "banded",
+           "configurations", "exact", "mcmc", "meanfield", "qpu", "reference", "sqa", "toeplitz", "window"]
 
 # name -> (marginals, log_partition), every function taking (h, J, K, mask, **options); a sampled method's
 # log_partition raises, naming the methods that give log Z. Read-only, as the registry it is read from.

@@ -8,4 +8,5 @@
   (:func:`~.training.time_steps`), a profile's grid in two source trees.
 - :mod:`.approximations`: approximate methods' errors against exact, and their time against n.
 - :mod:`.dqa`: DQA's effective temperature and calibration (report/dqa_calibration/).
+- :mod:`.qpu`: the QPU path: windows per call, calibration on the mock, reads, cost per token (report/qpu/).
 """

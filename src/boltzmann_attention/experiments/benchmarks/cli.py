@@ -10,6 +10,7 @@
     boltzmann-attention-bench relative-steps [--sizes T ...] [--ranges b ...] [--breakdown] [--batch N] [--layers N]
     boltzmann-attention-bench grid-throughput --before CHECKOUT [--after CHECKOUT] [--profile NAME]
     boltzmann-attention-bench dqa-calibration DIR [--quick]
+    boltzmann-attention-bench qpu DIR [--quick]
 
 Every table starts with the stamp (machine, threads, load, torch, python, commit, time); every ratio in it is
 between rows measured in the same run. Arguments and output paths are checked before anything is measured.
@@ -51,7 +52,7 @@ def _command(sub, name: str, text: str) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="boltzmann-attention-bench", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:12]))
+                                     epilog="\n".join(__doc__.splitlines()[2:13]))
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -194,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
                                          "DIR/README.md, calibration.png and calibration.json")
     p.add_argument("dir", metavar="DIR", help="output folder, created if missing (required)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and anneal times: a smoke test (default: off)")
+
+    p = _command(sub, "qpu", "the QPU path: windows tiled per call on production-size Zephyr and Pegasus graphs, the "
+                             "temperature calibration and chain breaks on the mock with this package's physics, reads "
+                             "for a marginal error, and seconds per token against T for every path (QPU from "
+                             "D-Wave's published timing), written to DIR/README.md, qpu.png and qpu.json; needs the "
+                             "[qpu] extra")
+    p.add_argument("dir", metavar="DIR", help="output folder, created if missing (required)")
+    p.add_argument("--quick", action="store_true", help="small graphs, few reads and sizes: a smoke test of seconds "
+                                                        "(default: off)")
     return parser
 
 
@@ -212,11 +222,18 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         except ImportError:
             print(NO_MATPLOTLIB, file=sys.stderr)
             sys.exit(2)
-    if args.command == "dqa-calibration":
+    if args.command in ("dqa-calibration", "qpu"):
         try:
-            check_output_path(Path(args.dir) / "README.md", "dqa-calibration report")
+            check_output_path(Path(args.dir) / "README.md", f"{args.command} report")
         except ValueError as e:
             parser.error(str(e))
+    if args.command == "qpu":
+        try:
+            import dwave.system  # noqa: F401
+            import minorminer  # noqa: F401
+        except ImportError:
+            print('qpu needs D-Wave\'s packages: pip install -e ".[qpu]"', file=sys.stderr)
+            sys.exit(2)
     if args.command == "grid-throughput":
         for flag in ("before", "after"):
             tree = getattr(args, flag)
@@ -404,10 +421,17 @@ def run_dqa_calibration(args) -> None:
     print(f"wrote {Path(args.dir) / 'README.md'}")
 
 
+def run_qpu(args) -> None:
+    from . import qpu
+
+    qpu.write_qpu_report(args.dir, quick=args.quick)
+    print(f"wrote {Path(args.dir) / 'README.md'}")
+
+
 COMMANDS = {"methods": run_methods, "steps": run_steps, "approximations": run_approximations, "window": run_window,
             "banded": run_window, "window-paths": run_window_paths, "gpu": run_gpu,
             "relative-steps": run_relative_steps, "grid-throughput": run_grid_throughput,
-            "dqa-calibration": run_dqa_calibration}
+            "dqa-calibration": run_dqa_calibration, "qpu": run_qpu}
 
 
 def main(argv=None) -> None:
