@@ -339,6 +339,18 @@ def test_a_converted_gpt2_shows_its_couplings_and_sigmoid_attention_at_J_0(tmp_p
     words = {"a": 3, "b": 4}
     page = ex.read_source(model, text="a b a", tokenizer=lambda s: [words[w] for w in s.split()])
     assert page.layers[0].weights.shape == (2, 3, 3)
+    # the command, on the folder the converted model was saved to: the same weights
+    model.save_pretrained(tmp_path / "saved")
+    out = tmp_path / "saved.html"
+    assert cli.main(["explore", str(tmp_path / "saved"), "--ids", ",".join(map(str, ids)), "--out", str(out)]) in (
+        0, None)
+    saved = figures(out)
+    for i in range(2):
+        for h in range(2):
+            a, b = (array(trace(f[2 + 4 * i], f"head {h}: {COUPLED}")["z"]) for f in (figs, saved))
+            assert np.abs(a - b).max() < 1e-6  # the saved model loads in float32
+    with pytest.raises(ValueError, match="holds no tokenizer for the text"):
+        ex.explore(tmp_path / "saved", text="hello", out=tmp_path / "x.html")
 
 
 # ----------------------------------------------------------------------------------------- a run archive

@@ -165,10 +165,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                                            "marginals against sigmoid(2h), the training curves; for a run archive, "
                                            "its arms' headline metrics.", formatter_class=defaults)
     p_explore.add_argument("source", help="a run's result JSON (its model kept in final/ or as <name>.ckpt.pt "
-                                          "beside it), a checkpoint, a report's runs.jsonl.gz or folder, or a "
-                                          "results folder")
+                                          "beside it), a checkpoint, a converted Hugging Face model's folder, a "
+                                          "report's runs.jsonl.gz or folder, or a results folder")
     p_explore.add_argument("--text", help="the text to attend over, in the task's characters, at most T of them "
                                           "(default: the run's first validation sequence)")
+    p_explore.add_argument("--ids", help="token ids to attend over, comma-separated (a converted model without a "
+                                         "saved tokenizer), instead of --text")
     p_explore.add_argument("--out", default="explore.html", help="the HTML file to write")
     return parser, {"train": p_train, "sweep": p_sweep, "report": p_report, "reproduce": p_repro,
                     "explore": p_explore}
@@ -282,7 +284,13 @@ def _dispatch(args) -> int:
         from .explore import EXPLORE_EXTRA, explore
 
         _require("plotly", extra=EXPLORE_EXTRA)
-        print(f"explorer -> {explore(args.source, text=args.text, out=args.out)}")
+        if args.ids is not None and args.text is not None:
+            raise ValueError("give --text or --ids, not both")
+        try:
+            text = args.text if args.ids is None else [int(i) for i in args.ids.split(",")]
+        except ValueError:
+            raise ValueError(f"--ids must be comma-separated integers, got {args.ids!r}") from None
+        print(f"explorer -> {explore(args.source, text=text, out=args.out)}")
     elif args.command == "reproduce":
         if args.jobs < 1:
             raise ValueError(f"--jobs must be an integer >= 1 (parallel processes), got {args.jobs}")

@@ -8,7 +8,8 @@ Plotly's JavaScript inlined once. Sources:
   the result recorded and its training curves;
 - a checkpoint file alone (a sweep's ``final/<name>.pt``, a ``train --checkpoint`` file);
 - a Hugging Face decoder converted by :func:`boltzmann_attention.integrations.transformers.convert` (the text as
-  token ids, or a tokenizer);
+  token ids, or a tokenizer), or the folder it was saved to with ``save_pretrained`` (its tokenizer read from the
+  folder when one is saved there);
 - a bare :class:`~boltzmann_attention.BoltzmannAttention` layer (which has no embedding: each character of the
   text is a fixed random vector, drawn from a generator seeded by its code point, or pass ``x``), or a module
   holding such layers, such as the experiments' model (the text as token ids);
@@ -63,6 +64,7 @@ from .train import default_checkpoint, load_final, read_checkpoint
 __all__ = ["EXPLORE_EXTRA", "TRAINING", "LayerView", "Page", "explore", "read_source", "titles", "write_page"]
 
 EXPLORE_EXTRA = 'pip install "boltzmann-attention[explore]"'
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")  # a saved tokenizer
 DEFAULT_TEXT = "to be, or not to be, that is the question"  # a bare layer's text when none is given
 INTEGRATION = "boltzmann_attention.integrations.transformers"  # where a converted model's parameters come from
 MAX_FINDINGS = 40       # rows of an archive's table
@@ -142,6 +144,8 @@ def read_source(source, *, text=None, tokenizer=None, x: Tensor | None = None) -
         raise ValueError(f"{path} does not exist; give a result JSON, a checkpoint, a run archive ({ARCHIVE}) or "
                          "a report or results folder")
     if path.is_dir():
+        if _saved_converted(path):
+            return _saved_model(path, text, tokenizer)
         if (path / ARCHIVE).is_file():
             return _findings(path / ARCHIVE)
         if (path / "runs").is_dir():
@@ -249,6 +253,39 @@ def _converted_modules(model: nn.Module) -> list:
         return []
     return [m for _, m in bt.attention_modules(model) if isinstance(getattr(m, bt.ATTRIBUTE, None),
                                                                     bt.BoltzmannParameters)]
+
+
+def _saved_converted(path: Path) -> bool:
+    """Whether the folder holds a Hugging Face model saved after ``convert()`` (its config names the options)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(config, dict) and "boltzmann_attention" in config
+
+
+def _saved_model(path: Path, text, tokenizer) -> Page:
+    """A converted model saved with ``save_pretrained``, loaded by ``integrations.transformers.from_pretrained``;
+    its tokenizer from the folder when one is saved there and none is given."""
+    if importlib.util.find_spec("transformers") is None:
+        raise ValueError(f"{path} holds a converted Hugging Face model; loading it needs transformers: "
+                         'pip install "boltzmann-attention[transformers]"')
+    import transformers
+
+    from ..integrations import transformers as bt
+
+    names = json.loads((path / "config.json").read_text()).get("architectures") or []
+    model_class = getattr(transformers, names[0], None) if names else None
+    if model_class is None:
+        raise ValueError(f"{path}/config.json names no model class of transformers (architectures: {names}); load "
+                         "the model in Python with integrations.transformers.from_pretrained and pass it")
+    model = bt.from_pretrained(model_class, str(path))
+    if tokenizer is None and isinstance(text, str):
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise ValueError(f"{path} holds no tokenizer for the text {text!r}: give token ids (--ids) or save the "
+                             "tokenizer beside the model")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return _converted(model, text, tokenizer)
 
 
 def _converted(model: nn.Module, text, tokenizer) -> Page:
