@@ -639,10 +639,11 @@ def test_the_study_registry():
     from boltzmann_attention.experiments.results import Results, _load_run
 
     assert studies.profiles() == ("quick", "full", "baselines", "blocks", "brackets-calibration", "brackets-hard",
-                                  "conjunction", "fair", "priors", "realsize", "sampling", "dqa-boltzmann", "twin")
+                                  "conjunction", "fair", "match3", "priors", "realsize", "sampling", "dqa-boltzmann",
+                                  "twin")
     assert [studies.name(s) for s in studies.all_studies()] == ["paper", "baselines", "blocks", "brackets",
-                                                                "conjunction", "fair", "priors", "realsize",
-                                                                "sampling", "twin"]
+                                                                "conjunction", "fair", "match3", "priors",
+                                                                "realsize", "sampling", "twin"]
     for study in studies.all_studies():
         assert callable(study.owns) and callable(study.report) and study.PROFILES
         assert set(study.HELP) == set(study.PROFILES), studies.name(study)
