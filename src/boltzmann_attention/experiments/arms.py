@@ -6,7 +6,7 @@ arm is, and the questions asked of it, are written once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import modes
 
@@ -60,3 +60,62 @@ def stage_grids(grid, arms, lrs, best_lr: dict, decisive, *, calibration_arms=()
     out += [grid(arm, best_lr[arm], tuple(x for x in seeds if x != tuning_seed)) for arm in arms if arm in best_lr]
     out += [grid(arm, best_lr[arm], decisive_seeds) for arm in decisive if arm in best_lr]
     return out
+
+
+@dataclass(frozen=True)
+class StagedDecisions:
+    """The decisions of a study that calibrates its setting, then runs the three stages (its ``decisions.json``;
+    the measurements behind them: its report). A study subclasses it to say which setting ``chosen`` names."""
+
+    calibration_settings: int = 1       # how many of the study's settings have been started, in order
+    chosen: int | None = None           # the index (from 1) of the setting that passed
+    extra_learning_rates: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    diverged: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    best_lr: dict[str, float] = field(default_factory=dict)
+    best_single: str | None = None
+    best_content: str | None = None
+
+    def learning_rates(self, arm: str, base: tuple[float, ...]) -> tuple[float, ...]:
+        """The arm's learning rates: the study's ``base`` ones and those the lr rule added at an edge."""
+        return tuple(sorted(set(base) | set(self.extra_learning_rates.get(arm, ()))))
+
+    def decisive(self, control: str, static: str) -> tuple[str, ...]:
+        """Stage 3's arms: the best content arm, its one-step control, static couplings and the best single score."""
+        return tuple(a for a in (self.best_content, control, static, self.best_single) if a)
+
+
+def calibration_outcome(errors: list[float | None], solved: float) -> str | None:
+    """The calibration's rule on its arms' validation errors at one setting: "pass" when the best is at most
+    ``solved``, "next" when every arm has run and none is, None while a run is missing."""
+    if any(e is None for e in errors):
+        return None
+    return "pass" if min(errors) <= solved else "next"
+
+
+def calibration_note(index: int, outcome: str | None, settings: int, where: str) -> str | None:
+    """What the rule asks of the study's decisions after the latest started setting ``index`` (from 1)."""
+    if outcome == "pass":
+        return f"Setting {index} passes: set CHOSEN to {index} in {where}."
+    if outcome == "next" and index < settings:
+        return f"Setting {index} does not pass: set CALIBRATION_SETTINGS to {index + 1} in {where}."
+    if outcome == "next":
+        return "No setting passes: the study stops here (protocol.md)."
+    return None
+
+
+def calibrated_grids(settings: tuple, d: StagedDecisions, grid, arms, *, calibration_arms: tuple[str, ...],
+                     learning_rates: tuple[float, ...], reference_lr: float, tuning_seed: int, seeds: tuple[int, ...],
+                     decisive_seeds: tuple[int, ...], control: str, static: str) -> list:
+    """The calibration's runs (``calibration_arms`` at ``reference_lr`` on the tuning seed, at every setting started),
+    then, once a setting is chosen, :func:`stage_grids` at it. ``grid(arm, setting, lr, seeds)`` makes one grid."""
+    started = settings[:d.calibration_settings if d.chosen is None else d.chosen]
+    out = [grid(arm, s, reference_lr, (tuning_seed,)) for s in started for arm in calibration_arms]
+    if d.chosen is None:
+        return out
+    s = settings[d.chosen - 1]
+    return out + stage_grids(lambda arm, lr, seeds_: grid(arm, s, lr, seeds_), arms,
+                             lambda arm: [lr for lr in d.learning_rates(arm, learning_rates)
+                                          if lr not in d.diverged.get(arm, ())],
+                             d.best_lr, d.decisive(control, static), calibration_arms=calibration_arms,
+                             reference_lr=reference_lr, tuning_seed=tuning_seed, seeds=seeds,
+                             decisive_seeds=decisive_seeds)

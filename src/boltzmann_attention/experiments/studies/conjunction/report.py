@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ... import blocks
+from ...arms import calibration_note
 from ...report import ReportContext, every_run_is, header_section, protocol_sections
 from ...results import Results
 from ...tables import fmt_num, md_table
@@ -67,12 +68,8 @@ def calibration_section(res: Results, d: Decisions) -> list[str]:
                      f"{100 * premise(s):.1f}", *(_pct(errors[a]) for a in CALIBRATION_ARMS), *classes,
                      outcome or "waiting for runs"])
         if i == len(decided) - 1 and d.chosen is None:
-            if outcome == "pass":
-                notes.append(f"Setting {i + 1} passes: set CHOSEN to {i + 1} in {WHERE}.")
-            elif outcome == "next" and i + 1 < len(SETTINGS):
-                notes.append(f"Setting {i + 1} does not pass: set CALIBRATION_SETTINGS to {i + 2} in {WHERE}.")
-            elif outcome == "next":
-                notes.append("No setting passes: the study stops here (protocol.md).")
+            note = calibration_note(i + 1, outcome, len(SETTINGS), WHERE)
+            notes += [note] if note else []
     header = ["setting", "blocks", "T", "d_model", "steps", "conjunction needed %",
               *(f"{a} error" for a in CALIBRATION_ARMS), *(f"{a}: decoy/other/none" for a in CALIBRATION_ARMS),
               "rule"]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ...arms import Arm, stage_grids
+from ...arms import Arm, StagedDecisions, calibrated_grids
+from ...arms import calibration_outcome as staged_outcome
 from ...sweep import Grid
 
 PREFIX = "m3-"
@@ -74,16 +75,8 @@ CONTROL, STATIC = "keys-step", "relative"
 
 
 @dataclass(frozen=True)
-class Decisions:
+class Decisions(StagedDecisions):
     """The decisions made from runs (``decisions.json``; the measurements behind them: the report)."""
-
-    calibration_settings: int = 1       # how many of SETTINGS have been started, in order
-    chosen: int | None = None           # the index (from 1) of the setting that passed
-    extra_learning_rates: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    diverged: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    best_lr: dict[str, float] = field(default_factory=dict)
-    best_single: str | None = None
-    best_content: str | None = None
 
     @property
     def setting(self) -> Setting | None:
@@ -105,30 +98,13 @@ def grid(arm: str, s: Setting, lr: float, seeds: tuple[int, ...]) -> Grid:
 
 
 def calibration_outcome(errors: list[float | None]) -> str | None:
-    """The rule on the calibration arms' validation errors at one setting: "pass" when the best is at most
-    SOLVED, "next" when every arm has run and none is, None while a run is missing."""
-    if any(e is None for e in errors):
-        return None
-    return "pass" if min(errors) <= SOLVED else "next"
-
-
-def learning_rates(arm: str, d: Decisions) -> tuple[float, ...]:
-    return tuple(sorted(set(LEARNING_RATES) | set(d.extra_learning_rates.get(arm, ()))))
-
-
-def decisive(d: Decisions) -> tuple[str, ...]:
-    return tuple(a for a in (d.best_content, CONTROL, STATIC, d.best_single) if a)
+    """The calibration's rule at one setting (:func:`...arms.calibration_outcome` with this study's bar)."""
+    return staged_outcome(errors, SOLVED)
 
 
 def match3_grids(field_bias: str, d: Decisions) -> list[Grid]:
     """The calibration, then stages 1-3 as their inputs are decided. ``field_bias`` does not apply: every
     Boltzmann arm starts its field bias at -1/2 log T (protocol.md)."""
-    started = SETTINGS[:d.calibration_settings if d.chosen is None else d.chosen]
-    grids = [grid(arm, s, REFERENCE_LR, (TUNING_SEED,)) for s in started for arm in CALIBRATION_ARMS]
-    s = d.setting
-    if s is None:
-        return grids
-    return grids + stage_grids(lambda arm, lr, seeds: grid(arm, s, lr, seeds), ARMS,
-                               lambda arm: [lr for lr in learning_rates(arm, d) if lr not in d.diverged.get(arm, ())],
-                               d.best_lr, decisive(d), calibration_arms=CALIBRATION_ARMS, reference_lr=REFERENCE_LR,
-                               tuning_seed=TUNING_SEED, seeds=SEEDS, decisive_seeds=DECISIVE_SEEDS)
+    return calibrated_grids(SETTINGS, d, grid, ARMS, calibration_arms=CALIBRATION_ARMS, learning_rates=LEARNING_RATES,
+                            reference_lr=REFERENCE_LR, tuning_seed=TUNING_SEED, seeds=SEEDS,
+                            decisive_seeds=DECISIVE_SEEDS, control=CONTROL, static=STATIC)

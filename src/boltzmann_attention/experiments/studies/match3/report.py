@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...arms import calibration_note
 from ...report import ReportContext, every_run_is, header_section, protocol_sections
 from ...results import Results
 from ...tables import fmt_num, md_table
@@ -51,12 +52,8 @@ def calibration_section(res: Results, d: Decisions) -> list[str]:
         rows.append([str(i + 1), str(s.T), str(s.modulus), str(s.d_model), str(s.steps), _pct(alone), _pct(pairs),
                      *(_pct(errors[a]) for a in CALIBRATION_ARMS), outcome or "waiting for runs"])
         if i == len(started) - 1 and d.chosen is None:
-            if outcome == "pass":
-                notes.append(f"Setting {i + 1} passes: set CHOSEN to {i + 1} in {WHERE}.")
-            elif outcome == "next" and i + 1 < len(SETTINGS):
-                notes.append(f"Setting {i + 1} does not pass: set CALIBRATION_SETTINGS to {i + 2} in {WHERE}.")
-            elif outcome == "next":
-                notes.append("No setting passes: the study stops here (protocol.md).")
+            note = calibration_note(i + 1, outcome, len(SETTINGS), WHERE)
+            notes += [note] if note else []
     header = ["setting", "T", "modulus", "d_model", "steps", "query alone %", "query + one key %",
               *(f"{a} error" for a in CALIBRATION_ARMS), "rule"]
     return ["## Calibration", "",
