@@ -30,7 +30,7 @@ def test_the_modulus_makes_about_half_of_uniform_draws_positive():
 
 
 def test_the_calibration_grids_and_every_arms_config_are_valid():
-    first = grids.match3_grids("", load_decisions(study))
+    first = grids.match3_grids("", grids.Decisions())
     assert [g.variant for g in first] == [grids.variant(a, grids.SETTINGS[0], grids.REFERENCE_LR)
                                           for a in grids.CALIBRATION_ARMS]
     (_, cfg), = list(first[0].runs())
@@ -50,6 +50,7 @@ def test_the_calibration_rule():
 
 
 def test_the_decisions_load_and_the_profile_is_registered():
-    assert load_decisions(study) == grids.Decisions()
+    d = load_decisions(study)
+    assert isinstance(d, grids.Decisions) and d.chosen is None
     assert "match3" in study.PROFILES and study.HELP["match3"]
-    assert len(profile("match3", DEFAULT_FIELD_BIAS)) == len(grids.CALIBRATION_ARMS)
+    assert len(profile("match3", DEFAULT_FIELD_BIAS)) == len(grids.CALIBRATION_ARMS) * d.calibration_settings
