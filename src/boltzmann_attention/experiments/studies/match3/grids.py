@@ -74,14 +74,7 @@ CONTENT = ("keys", "query")
 CONTROL, STATIC = "keys-step", "relative"
 
 
-@dataclass(frozen=True)
-class Decisions(StagedDecisions):
-    """The decisions made from runs (``decisions.json``; the measurements behind them: the report)."""
-
-    @property
-    def setting(self) -> Setting | None:
-        """The chosen setting, None while the calibration goes on."""
-        return None if self.chosen is None else SETTINGS[self.chosen - 1]
+Decisions = StagedDecisions  # decisions.json: the calibration's progress and the stages' choices
 
 
 def variant(arm: str, s: Setting, lr: float) -> str:
