@@ -159,15 +159,18 @@ def test_gradcheck_pairwise_paths(masking, device):
         assert torch.autograd.gradcheck(lambda W: _pairwise_function(mask)(h[:1].detach(), W), (W,))
 
 
-def test_blocked_table_and_chunked_queries_match_reference(monkeypatch):
-    """Tables above BLOCK_ELEMENTS are rebuilt block by block, queries above CHUNK_ELEMENTS split:
-    force both at small n and check values and gradients."""
-    monkeypatch.setattr(numerics, "BLOCK_ELEMENTS", 48)
+@pytest.mark.parametrize("block", [48, 300])
+def test_blocked_table_and_chunked_queries_match_reference(monkeypatch, block):
+    """Tables above BLOCK_ELEMENTS are rebuilt block by block (48: rows of one group per block; 300: two
+    whole groups of 8 x 16 entries per block, the last block one), queries above CHUNK_ELEMENTS split: force
+    both at small n and check values and gradients."""
+    monkeypatch.setattr(numerics, "BLOCK_ELEMENTS", block)
     monkeypatch.setattr(numerics, "CHUNK_ELEMENTS", 64)
+    assert len(numerics.row_blocks(5, 8, 16)) == (15 if block == 48 else 3)
     g = torch.Generator().manual_seed(8)
     n = 7
-    h = torch.randn(2, 10, n, dtype=torch.float64, generator=g, requires_grad=True)
-    W = torch.randn(2, 1, n, n, dtype=torch.float64, generator=g, requires_grad=True)
+    h = torch.randn(5, 10, n, dtype=torch.float64, generator=g, requires_grad=True)
+    W = torch.randn(5, 1, n, n, dtype=torch.float64, generator=g, requires_grad=True)
     causal = torch.ones(10, n, dtype=torch.bool).tril()
     for mask in (None, causal):
         m, logz = _pairwise_function(mask)(h, W)
@@ -181,6 +184,19 @@ def test_blocked_table_and_chunked_queries_match_reference(monkeypatch):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
     small = (h[:1, :3].detach().requires_grad_(), W[:1].detach().requires_grad_())
     assert torch.autograd.gradcheck(_pairwise_function(None), small, fast_mode=True)
+    raw = torch.randn(5, 1, n, n, n, dtype=torch.float64, generator=g, requires_grad=True)
+
+    def three_body(raw):  # symmetric, zero wherever two indices agree
+        K = sum(raw.permute(0, 1, *p) for p in ((2, 3, 4), (2, 4, 3), (3, 2, 4), (3, 4, 2), (4, 2, 3), (4, 3, 2)))
+        eye = torch.eye(n, dtype=torch.float64)
+        return K * (1 - eye[:, :, None]) * (1 - eye[:, None]) * (1 - eye[None]) / 6
+
+    got = ising.marginals(h, _sym(W), three_body(raw), method="exact")  # the three-body path reads the same blocks
+    expected = reference.marginals(h, _sym(W), three_body(raw))
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    for a, b in zip(torch.autograd.grad((got ** 3).sum(), (h, W, raw)),
+                    torch.autograd.grad((expected ** 3).sum(), (h, W, raw))):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("masking", [False, True])

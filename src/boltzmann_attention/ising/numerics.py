@@ -55,13 +55,17 @@ def no_denormals(device: torch.device):
         torch.set_flush_denormal(False)
 
 
-def row_blocks(G: int, rows: int, cols: int) -> list[tuple]:
-    """(group, row slice) blocks of about BLOCK_ELEMENTS covering a (G, rows, cols) table; a small table
-    is one block (slice(None), slice(None)) for all groups."""
+def row_blocks(G: int, rows: int, cols: int) -> list[tuple[slice, slice]]:
+    """(group slice, row slice) blocks of about BLOCK_ELEMENTS covering a (G, rows, cols) table: whole groups
+    together while one group's table fits a block, else one group's rows in slices; a small table is one block
+    (slice(None), slice(None)) for all groups."""
     if G * rows * cols <= BLOCK_ELEMENTS:
         return [(slice(None), slice(None))]
+    if rows * cols <= BLOCK_ELEMENTS:
+        step = BLOCK_ELEMENTS // (rows * cols)
+        return [(slice(g, min(g + step, G)), slice(None)) for g in range(0, G, step)]
     step = max(1, BLOCK_ELEMENTS // cols)
-    return [(g, slice(r, min(r + step, rows))) for g in range(G) for r in range(0, rows, step)]
+    return [(slice(g, g + 1), slice(r, min(r + step, rows))) for g in range(G) for r in range(0, rows, step)]
 
 
 def energy_bound(h: Tensor, J: Tensor | None, K: Tensor | None) -> float:

@@ -168,24 +168,25 @@ class CouplingTable:
             self.kept.sub_(self.row_max[..., None]).clamp_(min=self.floor).exp_()
         else:
             self.kept = None
-            self.buffer = left.new_empty(self.blocks[0][1].stop - self.blocks[0][1].start, cols)
+            g, r = self.blocks[0]  # the largest block
+            self.buffer = left.new_empty(len(range(G)[g]), len(range(rows)[r]), cols)
             self.row_max = left.new_empty(G, rows)
             for g, r in self.blocks:
                 block = self._product(g, r)
                 self.row_max[g, r] = block.amax(-1)
 
     def _product(self, g, r) -> Tensor:
-        out = self.buffer[:r.stop - r.start]
-        return torch.matmul(self.left[g, r], self.right[g].transpose(-1, -2), out=out)
+        left = self.left[g, r]
+        return torch.matmul(left, self.right[g].transpose(-1, -2), out=self.buffer[:left.shape[0], :left.shape[1]])
 
     def __iter__(self):
-        """(group, row slice, T block (rows, 2^b) or (G, 2^a, 2^b))."""
+        """(group slice, row slice, T block (groups, rows, 2^b))."""
         if self.kept is not None:
             yield slice(None), slice(None), (torch.nan_to_num(self.kept, 0.0, 0.0, 0.0) if self.sanitise
                                              else self.kept)
             return
         for g, r in self.blocks:
-            block = self._product(g, r).sub_(self.row_max[g, r][:, None]).clamp_(min=self.floor).exp_()
+            block = self._product(g, r).sub_(self.row_max[g, r][..., None]).clamp_(min=self.floor).exp_()
             yield g, r, (block.nan_to_num_(0.0, 0.0, 0.0) if self.sanitise else block)
 
     def products(self, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -196,8 +197,8 @@ class CouplingTable:
         kv = u.new_empty(u.shape)
         ku = v.new_zeros(v.shape)
         for g, r, block in self:  # in place: fresh large temporaries cost page faults on CPU
-            kv[g, :, r] = v[g] @ block.T
-            ku[g].addmm_(u[g, :, r], block)
+            kv[g, :, r] = v[g] @ block.transpose(-1, -2)
+            ku[g].baddbmm_(u[g, :, r], block)
         return kv, ku
 
 
@@ -262,11 +263,11 @@ def _contract_backward(saved, grad_m, grad_logz, table_grad: bool, right_grad: b
             grad_right = torch.zeros_like(right) if right_grad else None
             work = torch.empty_like(table.buffer)
             for g, rr, block in table:
-                out = torch.matmul(xu1[g, rr], v[g], out=work[:rr.stop - rr.start])
-                block = out.addmm_(xu2[g, rr], v_fb[g]).mul_(block)
+                out = torch.matmul(xu1[g, rr], v[g], out=work[:block.shape[0], :block.shape[1]])
+                block = out.baddbmm_(xu2[g, rr], v_fb[g]).mul_(block)
                 grad_left[g, rr] = block @ right[g]
                 if right_grad:
-                    grad_right[g].addmm_(block.T, left[g, rr])
+                    grad_right[g].baddbmm_(block.transpose(-1, -2), left[g, rr])
     return grad_u, grad_v, grad_left, grad_right
 
 
