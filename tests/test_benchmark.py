@@ -399,10 +399,29 @@ def test_steps_smoke_run_of_a_profile(capsys):
 def test_steps_refuses_match_without_profile_and_an_unknown_profile(capsys):
     with pytest.raises(SystemExit):
         cli.main(["steps", "--match", "x"])
-    assert "--match applies with --profile only" in capsys.readouterr().err
+    assert "--match and --decisions apply with --profile only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["steps", "--profile", "match3", "--decisions", "{"])
+    assert "--decisions: decisions '{' are not JSON" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["steps", "--profile", "nope"])
     assert "--profile 'nope': choose one of" in capsys.readouterr().err
+
+
+def test_profile_step_configs_under_replaced_decisions():
+    """A calibrated study's decisions replaced: CHOSEN adds every arm at that setting (lrs do not change a step's
+    cost, so one configuration per arm); while calibrating, only the calibration arms run. A key that is not
+    a decision, or a study without decisions, is refused by name."""
+    from boltzmann_attention.experiments.studies.match3 import grids
+
+    chosen = training.profile_step_configs("match3", "T12-d64-steps32000", '{"CHOSEN": 2}')
+    assert len(chosen) == len(grids.ARMS) and all(f"-m3-{arm}-T12-" in " ".join(chosen) for arm in grids.ARMS)
+    calibrating = training.profile_step_configs("match3", None, '{"CHOSEN": null, "CALIBRATION_SETTINGS": 1}')
+    assert [name.split("-m3-")[1].split("-T12-")[0] for name in calibrating] == list(grids.CALIBRATION_ARMS)
+    with pytest.raises(ValueError, match=r"unknown decisions \['NOPE'\].*CHOSEN"):
+        training.profile_step_configs("match3", None, '{"NOPE": 1}')
+    with pytest.raises(ValueError, match="has no decisions to replace"):
+        training.profile_step_configs("quick", None, '{"CHOSEN": 1}')
 
 
 def test_profile_step_configs_one_per_step_configuration():

@@ -34,6 +34,10 @@ from .common import machine_stamp, stamp_line
 NO_MATPLOTLIB = '--plot needs matplotlib: pip install -e ".[experiments]"'
 
 
+DECISIONS_HELP = ("decisions that replace the profile's study's own, as a JSON object, to time the runs they would "
+                  "add, e.g. '{\"CHOSEN\": 2}' for every arm at a calibrated study's setting 2 (default: the "
+                  "study's decisions.json)")
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -78,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "model)")
     p.add_argument("--match", metavar="TEXT",
                    help="with --profile: only the configurations whose run name contains TEXT (default: all)")
+    p.add_argument("--decisions", metavar="JSON", help="with --profile: " + DECISIONS_HELP)
     p.add_argument("--sizes", type=positive_int, nargs="+", default=list(range(4, 17)),
                    help="without --profile: the context lengths T (default: 4 to 16)")
     p.add_argument("--batch", type=positive_int, default=64,
@@ -186,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--after", type=Path, default=Path(__file__).resolve().parents[4], metavar="CHECKOUT",
                    help="checkout of the new version (default: the one this command runs from)")
     p.add_argument("--profile", default="full", help="the profile whose grid is timed (default: %(default)s)")
+    p.add_argument("--decisions", metavar="JSON", help=DECISIONS_HELP)
     p.add_argument("--steps", type=positive_int, default=6,
                    help="timed steps per configuration and round (default: %(default)s)")
     p.add_argument("--rounds", type=positive_int, default=5,
@@ -240,12 +246,17 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             if not (tree / "src" / "boltzmann_attention").is_dir():
                 parser.error(f"--{flag} {tree}: not a checkout of this project (no src/boltzmann_attention)")
     if args.command in ("grid-throughput", "steps") and args.profile is not None:
-        from ..studies import profiles
+        from ..studies import profile, profiles
 
         if args.profile not in profiles():
             parser.error(f"--profile {args.profile!r}: choose one of {', '.join(profiles())}")
-    if args.command == "steps" and args.profile is None and args.match is not None:
-        parser.error("--match applies with --profile only")
+        if args.decisions is not None:
+            try:
+                profile(args.profile, decisions=args.decisions)
+            except ValueError as e:
+                parser.error(f"--decisions: {e}")
+    if args.command == "steps" and args.profile is None and (args.match, args.decisions) != (None, None):
+        parser.error("--match and --decisions apply with --profile only")
     if args.command == "steps" and args.profile is not None and args.compiled:
         parser.error("--compiled applies without --profile only")
 
@@ -304,7 +315,7 @@ def run_steps(args) -> None:
         print(training.training_step_table(rows))
         _write_json(args.json, {"machine": stamp, "steps": rows})
         return
-    configs = training.profile_step_configs(args.profile, args.match)
+    configs = training.profile_step_configs(args.profile, args.match, args.decisions)
     if not configs:
         sys.exit(f"no run of profile {args.profile} matches {args.match!r}")
     times = training.time_steps(configs, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
@@ -413,7 +424,7 @@ def run_relative_steps(args) -> None:
 
 def run_grid_throughput(args) -> None:
     print(training.grid_throughput_report(args.profile, args.before, args.after, args.steps, args.rounds,
-                                          machine_stamp(1)))
+                                          args.decisions, machine_stamp(1)))
 
 
 def run_dqa_calibration(args) -> None:

@@ -305,17 +305,18 @@ def _defaults() -> dict:
     return step_key(TrainConfig())
 
 
-def _profile_runs(profile: str) -> list[tuple[str, TrainConfig]]:
+def _profile_runs(profile: str, decisions: str | None = None) -> list[tuple[str, TrainConfig]]:
+    """The profile's runs under its study's decisions, or under ``decisions`` (JSON: fields that replace them)."""
     from ..studies import profile as grids  # lazily: only the profile measurements need the studies
 
-    return [run for grid in grids(profile) for run in grid.runs()]
+    return [run for grid in grids(profile, decisions=decisions) for run in grid.runs()]
 
 
-def grid_configurations(profile: str) -> tuple[list[dict], list[tuple[int, int]]]:
+def grid_configurations(profile: str, decisions: str | None = None) -> tuple[list[dict], list[tuple[int, int]]]:
     """The profile's distinct step configurations (their :func:`step_key`), and per run (index of its
-    configuration, its steps)."""
+    configuration, its steps); ``decisions`` as in :func:`_profile_runs`."""
     configs, runs = [], []
-    for _, cfg in _profile_runs(profile):
+    for _, cfg in _profile_runs(profile, decisions):
         key = step_key(cfg)
         if key not in configs:
             configs.append(key)
@@ -323,11 +324,13 @@ def grid_configurations(profile: str) -> tuple[list[dict], list[tuple[int, int]]
     return configs, runs
 
 
-def profile_step_configs(profile: str, match: str | None = None) -> dict[str, TrainConfig]:
+def profile_step_configs(profile: str, match: str | None = None, decisions: str | None = None
+                         ) -> dict[str, TrainConfig]:
     """One config per distinct step configuration of ``profile`` (the first run that has it), named by that
-    run's name without its seed; with ``match``, only the names that contain it."""
+    run's name without its seed; with ``match``, only the names that contain it; with ``decisions`` (JSON), the
+    runs under those decisions instead of the study's."""
     out, seen = {}, []
-    for name, cfg in _profile_runs(profile):
+    for name, cfg in _profile_runs(profile, decisions):
         key = step_key(cfg)
         if key in seen or (match is not None and match not in name):
             continue
@@ -372,19 +375,21 @@ def grid_step_times(configs: list[dict], trees: dict[str, Path], steps: int, rou
     return out
 
 
-def grid_throughput_report(profile: str, before: Path, after: Path, steps: int, rounds: int, stamp: dict) -> str:
+def grid_throughput_report(profile: str, before: Path, after: Path, steps: int, rounds: int, decisions: str | None,
+                           stamp: dict) -> str:
     """The time ``profile``'s grid spends in training steps in two source trees, measured side by side.
 
     Each configuration's step is timed in both trees at once (:func:`grid_step_times`); the grid's estimate is
     the sum over runs of (steps of the run) x (median step time of its configuration): training steps only
     (no evaluation, data set-up or checkpoints), so a lower bound on a sweep's wall time."""
-    configs, runs = grid_configurations(profile)
+    configs, runs = grid_configurations(profile, decisions)
     trees = {"before": before.resolve(), "after": after.resolve()}
     start = time.time()
     step = grid_step_times(configs, trees, steps, rounds)
     lines = [stamp_line(stamp), "",
              f"Before {tree_commit(trees['before'])} ({trees['before']}), after {tree_commit(trees['after'])} "
-             f"({trees['after']}); profile {profile}, {len(runs)} runs in {len(configs)} configurations, median of "
+             f"({trees['after']}); profile {profile}{'' if decisions is None else f' under decisions {decisions}'}, "
+             f"{len(runs)} runs in {len(configs)} configurations, median of "
              f"{rounds} rounds x {steps} steps, 1 thread per process, both processes at once; load average "
              f"{os.getloadavg()[0]:.2f} at the end; {time.time() - start:.0f} s", "",
              "| task | T | mode | method | couplings | d_ff | before ms | after ms | after / before |",

@@ -135,11 +135,17 @@ def load_decisions(study: ModuleType):
         raise StudyError(f"study {name(study)!r}: {path} is not JSON ({e.msg}, line {e.lineno})") from None
     if not isinstance(data, dict):
         raise StudyError(f"study {name(study)!r}: {path} must hold a JSON object of decisions")
+    return kind(**_fields(kind, data, str(path)))
+
+
+def _fields(kind, data: dict, where: str) -> dict:
+    """The decisions ``data`` (keys as in decisions.json) as ``kind``'s field values; ValueError naming ``where``
+    and the fields for a key that is not one."""
     known = {f.name for f in dataclasses.fields(kind)}
     unknown = [k for k in data if k.lower() not in known]
     if unknown:
-        raise ValueError(f"{path}: unknown decisions {unknown}; the fields are {sorted(k.upper() for k in known)}")
-    return kind(**{k.lower(): _frozen(v) for k, v in data.items()})
+        raise ValueError(f"{where}: unknown decisions {unknown}; the fields are {sorted(k.upper() for k in known)}")
+    return {k.lower(): _frozen(v) for k, v in data.items()}
 
 
 def protocol(study: ModuleType) -> str:
@@ -148,13 +154,31 @@ def protocol(study: ModuleType) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def profile(profile_name: str, field_bias_name: str = DEFAULT_FIELD_BIAS) -> list[Grid]:
+def profile(profile_name: str, field_bias_name: str = DEFAULT_FIELD_BIAS, decisions: str | None = None
+            ) -> list[Grid]:
     """The grids of profile ``profile_name`` under its study's decisions; ``field_bias_name`` (a key of
     ``recipes.FIELD_BIASES``) sets the field bias of the Boltzmann modes (the fair study's bias comparison runs
-    every variant whatever it is)."""
+    every variant whatever it is). ``decisions``: a JSON object of decisions that replace the study's own (to
+    see the runs they would add); ValueError for a study without decisions or a key that is not one."""
     field_bias(field_bias_name)  # validates the name
     study = study_of_profile(profile_name)
-    return study.PROFILES[profile_name](field_bias_name, load_decisions(study))
+    d = load_decisions(study)
+    if decisions is not None:
+        d = replaced_decisions(study, d, decisions)
+    return study.PROFILES[profile_name](field_bias_name, d)
+
+
+def replaced_decisions(study: ModuleType, d, text: str):
+    """``d`` with the fields given in ``text`` (a JSON object, keys as in decisions.json) replaced."""
+    if d is None:
+        raise ValueError(f"study {name(study)!r} has no decisions to replace")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"decisions {text!r} are not JSON ({e.msg})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"decisions {text!r} must be a JSON object")
+    return dataclasses.replace(d, **_fields(type(d), data, f"decisions {text!r}"))
 
 
 def study_of(res: Results) -> ModuleType:
