@@ -7,7 +7,7 @@ import pytest
 from conftest import archives_missing
 from test_report import brackets_metrics, write_run
 
-from boltzmann_attention.experiments import studies
+from boltzmann_attention.experiments import lr_rule, studies
 from boltzmann_attention.experiments.results import Results, load_runs, write_archive
 from boltzmann_attention.experiments.studies import brackets, profile, study_of, write_report
 from boltzmann_attention.experiments.studies.brackets import grids as G
@@ -194,16 +194,23 @@ def test_stage_three_report_applies_the_rule(tmp_path):
     ({1e-2: (0.9, 0.6)}, (1e-2,), None),
 ])
 def test_the_lr_rule(scores, diverged, chosen):
-    assert R.choose_lr(scores, diverged) == chosen
+    """Stage 1's rule (protocol.md) as the shared rule's parameters: accuracy, higher is better, ties within
+    NEAR_TIE to the higher per-sequence accuracy, then the smaller lr."""
+    left = {lr: acc for lr, (acc, _) in scores.items() if lr not in diverged}
+    second = {lr: seq for lr, (_, seq) in scores.items()}
+    assert lr_rule.choose_lr(left, G.NEAR_TIE, higher=True, second=second) == chosen
 
 
 def test_an_lr_at_the_edge_extends_the_grid():
+    def extension(mode, lr, d):
+        return lr_rule.edge_extension(lr, G.mode_learning_rates(mode, d))
+
     assert [G.beyond(lr, up) for lr in (1e-3, 1e-2, 3e-3) for up in (False, True)] == \
         [3e-4, 3e-3, 3e-3, 3e-2, 1e-3, 1e-2]
     d = decided(extra_learning_rates={"J": (3e-2,)})
-    assert R.edge_extension("h", 1e-2, d) == 3e-2 and R.edge_extension("h", 1e-3, d) == 3e-4
-    assert R.edge_extension("h", 3e-3, d) is None
-    assert R.edge_extension("J", 1e-2, d) is None and R.edge_extension("J", 3e-2, d) == 1e-1
+    assert extension("h", 1e-2, d) == 3e-2 and extension("h", 1e-3, d) == 3e-4
+    assert extension("h", 3e-3, d) is None
+    assert extension("J", 1e-2, d) is None and extension("J", 3e-2, d) == 1e-1
 
 
 MODES = ("softmax", "h", "J", "h+J", "h+K", "h+J+K")

@@ -155,7 +155,7 @@ def test_later_stages_rules_and_report_on_planted_runs(tmp_path):
     undecided = dataclasses.replace(d, softmax_position=None, best_uncoupled=None, best_coupled=None)
     assert R.stage2_choices(R.stage2(res, undecided), undecided) == {
         "softmax_position": "rope", "best_uncoupled": "stickbreaking", "best_coupled": "window16-slot16"}
-    assert R.decide_long_lr(res, d) == {"window16-slot16": 3e-3, "h-slot16": 1e-3}
+    assert R.decide_long_lr(res, d) == {"window16-slot16": (3e-3, None), "h-slot16": (1e-3, None)}  # no extension
     # 2000 steps x window16-slot16's 4 x 3000 s over stickbreaking's 4 x 1000 s
     assert R.decide_equal_compute_steps(res, d) == 6000
     (tmp_path / "out").mkdir()

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from test_report import shakespeare_val, table_after, write_run
 
-from boltzmann_attention.experiments import studies
+from boltzmann_attention.experiments import lr_rule, studies
 from boltzmann_attention.experiments.recipes import NANOGPT
 from boltzmann_attention.experiments.results import Results, load_runs
 from boltzmann_attention.experiments.studies import realsize, study_of, write_report
@@ -92,18 +92,21 @@ def test_stages_two_and_three_follow_the_design():
     ({}, None),
 ])
 def test_the_lr_rule(losses, chosen):
-    assert R.choose_lr(losses) == chosen
+    assert lr_rule.choose_lr(losses, G.NEAR_TIE, G.NANOGPT_LR) == chosen
 
 
 def test_an_lr_at_the_edge_extends_the_grid():
+    def extension(arm, lr, d):
+        return lr_rule.edge_extension(lr, G.arm_learning_rates(arm, d))
+
     d = decided(extra_learning_rates={})  # not the recorded decisions
-    assert R.edge_extension("h", 3e-3, d) == 1e-2
-    assert R.edge_extension("h", 3e-4, d) == 1e-4
-    assert R.edge_extension("h", 1e-3, d) is None
+    assert extension("h", 3e-3, d) == 1e-2
+    assert extension("h", 3e-4, d) == 1e-4
+    assert extension("h", 1e-3, d) is None
     d = decided(extra_learning_rates={"h": (1e-2,)})
-    assert R.edge_extension("h", 3e-3, d) is None and R.edge_extension("h", 1e-2, d) == 3e-2
+    assert extension("h", 3e-3, d) is None and extension("h", 1e-2, d) == 3e-2
     assert G.arm_learning_rates("h", d) == (3e-4, 1e-3, 3e-3, 1e-2)
-    assert R.edge_extension("softmax", 3e-3, d) == 1e-2  # another arm keeps the grid
+    assert extension("softmax", 3e-3, d) == 1e-2  # another arm keeps the grid
 
 
 # --------------------------------------------------------------------------------------------- planted runs

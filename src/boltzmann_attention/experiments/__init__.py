@@ -21,7 +21,7 @@ In three layers, the blank lines between them; a module imports only from its ow
     plots.py     the PNG plots (matplotlib imported inside the functions)
     report.py    the sections every report shares (header, task tables, couplings, samplers, verdicts)
     claims.py    the paper's numbers and claims, checked against runs
-    lr_rule.py   the learning-rate rule that studies apply to each arm
+    lr_rule.py   the studies' learning-rate stage: the rule, its decisions, table and notes
 
     studies/     one folder per study: its grids and report (__init__.py), protocol.md, decisions.json;
                  studies/__init__.py is the registry that finds them

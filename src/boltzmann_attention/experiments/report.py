@@ -303,28 +303,6 @@ def demoted(lines: list[str]) -> list[str]:
     return ["#" + x if x.startswith("#") else x for x in lines]
 
 
-def lr_decision_notes(names, decided: dict, best_lr: dict, where: str) -> str:
-    """The line under a stage's learning-rate table: the names (modes, arms) not decided yet, those that
-    diverged at every lr, those whose best lr is at the grid's edge (the rule adds the next lr), and the
-    choices, with a reminder where the BEST_LR recorded in ``where`` differs. ``decided``: name -> (the rule's
-    lr or None, the lr to add beyond the edge or None)."""
-    missing = [n for n in names if n not in decided]
-    notes = [f"Not decided yet (runs missing): {', '.join(missing)}."] if missing else []
-    for name, (chosen, extra) in decided.items():
-        if chosen is None:
-            notes.append(f"{name}: every lr diverged.")
-        elif extra is not None:
-            notes.append(f"{name}: best at {chosen:g}, the grid's edge, so the rule adds lr {extra:g} "
-                         "(EXTRA_LEARNING_RATES; not run yet).")
-    best = {n: lr for n, (lr, extra) in decided.items() if lr is not None and extra is None}
-    if best:
-        differs = [n for n, lr in best.items() if best_lr.get(n) != lr]
-        notes.append("Chosen: " + ", ".join(f"{n} {lr:g}" for n, lr in best.items())
-                     + (f" (BEST_LR in {where} differs for {', '.join(differs)}: update it)" if differs else "")
-                     + ".")
-    return " ".join(notes)
-
-
 # ------------------------------------------------------------------------------------------ learned couplings
 
 def coupling_sets(res: Results, task: str, mode: str = "h+J") -> dict[int, tuple[Group, list[np.ndarray]]]:

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from ... import lr_rule
 from ...claims import PAPER, SHAKESPEARE_CLAIMS, agreement_section, claim_j_structure, claims_beside, extension_section
 from ...model import INITS
 from ...plots import figure, finish, style
@@ -137,29 +138,33 @@ def init_section(res: Results, d: Decisions) -> list[str]:
 
 
 def learning_rate_section(res: Results, d: Decisions) -> list[str]:
-    rows, best = [], {}
-    for mode in MODES:
-        scores = {}
-        for lr in sorted(LEARNING_RATES + d.extra_learning_rates.get(mode, ())):
-            per_T = [_values(_get(res, T, mode, variant(d.chosen_init, lr))) for T in INIT_TS]
-            per_T = [{s: v for s, v in by_seed.items() if s in SEEDS} for by_seed in per_T]  # the init study: 5 seeds
-            if all(per_T):
-                scores[lr] = statistics.mean(statistics.mean(math.log(v) for v in by_seed.values())
-                                             for by_seed in per_T)
-            if any(per_T):
-                rows.append([mode, f"{lr:g}"] + [fmt_stat(stat(by_seed.values())) for by_seed in per_T])
-        if len(scores) == len(LEARNING_RATES) + len(d.extra_learning_rates.get(mode, ())):
-            best[mode] = min(scores, key=scores.get)
-    if not rows:
+    """Stage 2: per mode and lr the perplexity at each T, and the rule's choice (protocol.md: the lowest mean
+    log-perplexity over both windows, without a tie band)."""
+    def lrs_of(mode: str) -> tuple[float, ...]:
+        return tuple(sorted(LEARNING_RATES + d.extra_learning_rates.get(mode, ())))
+
+    def per_T(mode: str, lr: float) -> list[dict[int, float]]:  # the init study ran 5 seeds: the first 3
+        return [{s: v for s, v in _values(_get(res, T, mode, variant(d.chosen_init, lr))).items() if s in SEEDS}
+                for T in INIT_TS]
+
+    def score(mode: str, lr: float) -> float | None:
+        found = per_T(mode, lr)
+        return statistics.mean(statistics.mean(math.log(v) for v in by_seed.values()) for by_seed in found) \
+            if all(found) else None
+
+    def cells(mode: str, lr: float) -> list[str] | None:
+        found = per_T(mode, lr)
+        return [fmt_stat(stat(by_seed.values())) for by_seed in found] if any(found) else None
+
+    decided = lr_rule.decide(MODES, lrs_of, score, {})
+    table = lr_rule.table(["mode", "lr"] + [f"T = {T}" for T in INIT_TS], MODES, lrs_of, cells, decided)
+    if not table:
         return []
-    for row in rows:
-        if best.get(row[0]) == float(row[1]):
-            row[1] = f"**{row[1]}**"
+    best = {mode: lr for mode, (lr, _) in decided.items()}
     lines = ["## 2. Each mode at its best learning rate", "",
              f"Validation perplexity (all positions), mean ± std over seeds {', '.join(map(str, SEEDS))}, 4000 "
              f"steps, init {d.chosen_init}. Rule: per mode, the lr with the lowest mean log-perplexity over both "
-             "windows (bold).", "",
-             md_table(["mode", "lr"] + [f"T = {T}" for T in INIT_TS], rows), ""]
+             "windows (bold).", "", table, ""]
     waiting = [m for m in MODES if m not in best and m in d.extra_learning_rates]
     if waiting:
         lines += [f"{m}: best at the grid's edge, so the study adds lr "

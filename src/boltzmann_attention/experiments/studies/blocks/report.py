@@ -74,12 +74,9 @@ def decide_lrs(res: Results, d: Decisions) -> dict[str, tuple[float | None, floa
     s = d.setting
     if s is None:
         return {}
-
-    def losses_of(arm, lr):
-        v = values(res, arm, s, lr, "loss", "val")
-        return {TUNING_SEED: v[TUNING_SEED]} if TUNING_SEED in v else None
-
-    return lr_rule.decide(ARMS, lambda arm: learning_rates(arm, d), losses_of, d.diverged, NEAR_TIE, REFERENCE_LR)
+    return lr_rule.decide(ARMS, lambda arm: learning_rates(arm, d),
+                          lambda arm, lr: values(res, arm, s, lr, "loss", "val").get(TUNING_SEED), d.diverged,
+                          NEAR_TIE, REFERENCE_LR)
 
 
 def decide_best_single(res: Results, d: Decisions) -> str | None:
@@ -181,17 +178,18 @@ def lr_section(res: Results, d: Decisions) -> list[str]:
     s = d.setting
     if s is None:
         return []
-    decided, rows = decide_lrs(res, d), []
-    for arm in ARMS:
-        for lr in learning_rates(arm, d):
-            loss = values(res, arm, s, lr, "loss", "val").get(TUNING_SEED)
-            failed = lr in d.diverged.get(arm, ())
-            if loss is None and not failed:
-                continue
-            mark = f"**{lr:g}**" if decided.get(arm, (None,))[0] == lr else f"{lr:g}"
-            err = values(res, arm, s, lr, "error", "val").get(TUNING_SEED)
-            ms = step_ms(res, arm, s, lr).get(TUNING_SEED)
-            rows.append([arm, mark, "diverged" if failed else f"{loss:.4f}", _pct(err), fmt_num(ms, 0)])
+
+    def cells(arm: str, lr: float) -> list[str] | None:
+        loss = values(res, arm, s, lr, "loss", "val").get(TUNING_SEED)
+        err = values(res, arm, s, lr, "error", "val").get(TUNING_SEED)
+        ms = step_ms(res, arm, s, lr).get(TUNING_SEED)
+        return None if loss is None else [f"{loss:.4f}", _pct(err), fmt_num(ms, 0)]
+
+    decided = decide_lrs(res, d)
+    table = lr_rule.table(["arm", "lr", "validation loss", "validation error", "ms per step"], ARMS,
+                          lambda arm: learning_rates(arm, d), cells, decided, d.diverged)
+    if not table:
+        return []
     notes = [f"{arm}: best at {lr:g}, the edge: the rule adds {extra:g} (EXTRA_LEARNING_RATES)."
              for arm, (lr, extra) in decided.items() if extra is not None]
     notes += [f"{arm}: the rule picks {lr:g} (BEST_LR in {WHERE} differs: update it)."
@@ -202,7 +200,7 @@ def lr_section(res: Results, d: Decisions) -> list[str]:
     return ["## Stage 1: learning rates", "",
             f"Seed {TUNING_SEED}; validation loss (nats per answer letter) and exact-match error (%); bold: the lr "
             "rule's choice. ms per step: wall time over steps, evaluations included, under the machine's load.", "",
-            md_table(["arm", "lr", "validation loss", "validation error", "ms per step"], rows), ""] + (
+            table, ""] + (
         [" ".join(notes), ""] if notes else [])
 
 

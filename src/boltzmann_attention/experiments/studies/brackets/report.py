@@ -8,6 +8,7 @@ from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
+from ... import lr_rule
 from ...claims import (
     BRACKET_CLAIMS,
     agreement_section,
@@ -24,12 +25,10 @@ from ...report import (
     archive_runs,
     demoted,
     header_section,
-    lr_decision_notes,
     protocol_sections,
 )
 from ...results import Group, Results, load_runs
 from ...stats import paired, points, stat
-from ...sweep import beyond
 from ...tables import fmt_num, md_table, table_with_holm
 from .grids import (
     ABLATION,
@@ -186,83 +185,51 @@ def _plot_curve(curve: list, path: Path) -> None:
 
 # ---------------------------------------------------------------------- report of the experiments (stage 1)
 
-def choose_lr(scores: dict[float, tuple[float, float]], diverged: tuple[float, ...] = ()) -> float | None:
-    """Stage 1's rule. ``scores``: lr -> (mean validation accuracy, mean validation per-sequence accuracy);
-    an lr in ``diverged`` loses. The highest accuracy wins, lrs within NEAR_TIE of it count as tied and the
-    highest per-sequence accuracy among them wins, then the smaller lr. None when no lr is left."""
-    left = {lr: v for lr, v in scores.items() if lr not in diverged}
-    if not left:
-        return None
-    best = max(acc for acc, _ in left.values())
-    tied = [lr for lr, (acc, _) in left.items() if acc >= best - NEAR_TIE - 1e-12]
-    return max(tied, key=lambda lr: (left[lr][1], -lr))
-
-
-def edge_extension(mode: str, lr: float, d: Decisions) -> float | None:
-    """The lr to add for ``mode`` when its best, ``lr``, is at the edge of its grid (else None)."""
-    lrs = mode_learning_rates(mode, d)
-    if len(lrs) > 1 and lr == lrs[0]:
-        return beyond(lr, up=False)
-    if len(lrs) > 1 and lr == lrs[-1]:
-        return beyond(lr, up=True)
-    return None
-
-
 def _lr_values(res: Results, mode: str, lr: float, metric: str, ffn: bool = True,
                split: str = "val") -> dict[int, float]:
     g = res.get("brackets", hard_variant(lr, ffn), LR_T, mode, "exact")
     return {s: v for s, v in (g.values(metric, split) if g else {}).items() if s in LR_SEEDS}
 
 
-def decide_learning_rates(res: Results, d: Decisions) -> dict[str, tuple[float | None, float | None]]:
-    """Per mode whose stage-1 runs are complete: (the rule's lr, the lr to add beyond the grid's edge or
-    None). A mode with a missing run (not counting those in DIVERGED) is left out."""
-    out = {}
-    for mode in MODES:
-        scores, complete = {}, True
-        for lr in mode_learning_rates(mode, d):
-            if lr in d.diverged.get(mode, ()):
-                continue
-            acc, seq = _lr_values(res, mode, lr, "accuracy"), _lr_values(res, mode, lr, "accuracy_sequence")
-            if len(acc) < len(LR_SEEDS):
-                complete = False
-                break
-            scores[lr] = (statistics.mean(acc.values()), statistics.mean(seq.values()) if seq else math.nan)
-        if complete:
-            chosen = choose_lr(scores)
-            out[mode] = (chosen, edge_extension(mode, chosen, d) if chosen is not None else None)
-    return out
+def decide_learning_rates(res: Results, d: Decisions, modes=MODES, lrs_of=None,
+                          ffn: bool = True) -> dict[str, tuple[float | None, float | None]]:
+    """Per mode whose runs at every lr of ``lrs_of(mode)`` (stage 1's by default) are complete, those in
+    DIVERGED aside: (the rule's lr, the lr to add beyond the edge or None). The rule (protocol.md): the highest
+    mean validation accuracy, ties within NEAR_TIE to the highest mean per-sequence accuracy, then the smaller
+    lr."""
+    def second(mode: str, lr: float) -> float:
+        seq = _lr_values(res, mode, lr, "accuracy_sequence", ffn)
+        return statistics.mean(seq.values()) if seq else math.nan
+
+    return lr_rule.decide(modes, lrs_of or (lambda mode: mode_learning_rates(mode, d)),
+                          lambda mode, lr: lr_rule.seeds_mean(_lr_values(res, mode, lr, "accuracy", ffn), LR_SEEDS),
+                          d.diverged if ffn else {}, NEAR_TIE, higher=True, second_of=second)
 
 
-def _lr_row(mode: str, lr: str, bold: bool, acc: dict, seq: dict, diverged: bool = False) -> list[str]:
-    """A row of an lr table: mode, lr (bold when chosen), both validation accuracies, accuracy per seed."""
-    return [mode, f"**{lr}**" if bold else lr, "diverged" if diverged else _percent(stat(acc.values())),
-            _percent(stat(seq.values())), ", ".join(f"{100 * acc[k]:.2f}" for k in sorted(acc))]
+def _lr_cells(res: Results, mode: str, lr: float, ffn: bool = True) -> list[str] | None:
+    """An lr table's cells after the lr: both validation accuracies and the accuracy per seed (None: no run)."""
+    acc, seq = _lr_values(res, mode, lr, "accuracy", ffn), _lr_values(res, mode, lr, "accuracy_sequence", ffn)
+    return [_percent(stat(acc.values())), _percent(stat(seq.values())),
+            ", ".join(f"{100 * acc[k]:.2f}" for k in sorted(acc))] if acc else None
+
+
+LR_HEADER = ["mode", "lr", "validation accuracy (%)", "validation per-sequence (%)", "per seed (%)"]
 
 
 def learning_rate_section(res: Results, context: ReportContext) -> list[str]:
     d = context.decisions
     decided = decide_learning_rates(res, d)
-    rows = []
-    for mode in MODES:
-        for lr in mode_learning_rates(mode, d):
-            acc, seq = _lr_values(res, mode, lr, "accuracy"), _lr_values(res, mode, lr, "accuracy_sequence")
-            diverged = lr in d.diverged.get(mode, ())
-            if not acc and not diverged:
-                continue
-            bold = decided.get(mode, (None,))[0] == lr
-            rows.append(_lr_row(mode, f"{lr:g}", bold, acc, seq, diverged))
-    if not rows:
+    table = lr_rule.table(LR_HEADER, MODES, lambda mode: mode_learning_rates(mode, d),
+                          lambda mode, lr: _lr_cells(res, mode, lr), decided, d.diverged)
+    if not table:
         return []
     lines = ["## Stage 1: each mode's learning rate", "",
              f"T = {LR_T} with the FFN, validation set, mean ± std over seeds {', '.join(map(str, LR_SEEDS))}: "
              "accuracy over closing brackets and per sequence. Rule (fixed before the runs): the highest mean "
              f"accuracy; lrs within {100 * NEAR_TIE:g} points of it count as tied, and the highest mean "
              "per-sequence accuracy among them wins (then the smaller lr); a best lr at the grid's edge adds "
-             "the next lr beyond it. Bold: the rule's choice.", "",
-             md_table(["mode", "lr", "validation accuracy (%)", "validation per-sequence (%)", "per seed (%)"],
-                      rows), ""]
-    return (lines + [lr_decision_notes(MODES, decided, d.best_lr, "studies/brackets/decisions.json"), ""]
+             "the next lr beyond it. Bold: the rule's choice.", "", table, ""]
+    return (lines + [lr_rule.decision_notes(MODES, decided, d.best_lr, "studies/brackets/decisions.json"), ""]
             + _reproduction_lines(res, context))
 
 
@@ -401,30 +368,22 @@ def noffn_check_section(res: Results, d: Decisions) -> list[str]:
     """Stage 3: validation accuracy without the FFN at each checked mode's lrs (stage 1's rule applied; a best
     at the edge of the lrs run is named), then test accuracy at the rule's lr against softmax at its rule's
     lr, seeds 0-2."""
-    rows, chosen, edges = [], {}, []
-    for mode in NOFFN_CHECK_MODES:
-        if mode not in d.best_lr:
-            continue
-        values = {lr: (_lr_values(res, mode, lr, "accuracy", ffn=False),
-                       _lr_values(res, mode, lr, "accuracy_sequence", ffn=False)) for lr in noffn_check_lrs(mode, d)}
-        if all(len(acc) == len(LR_SEEDS) for acc, _ in values.values()):
-            chosen[mode] = choose_lr({lr: (statistics.mean(a.values()), statistics.mean(q.values()) if q else math.nan)
-                                      for lr, (a, q) in values.items()})
-            if chosen[mode] in (min(values), max(values)):
-                edges.append(f"{mode} {chosen[mode]:g}")
-        for lr, (acc, seq) in values.items():
-            if acc:
-                name = f"{lr:g}" + (" (stage 1's)" if lr == d.best_lr[mode] else "")
-                rows.append(_lr_row(mode, name, chosen.get(mode) == lr, acc, seq))
-    if not rows:
+    def lrs_of(mode: str) -> tuple[float, ...]:
+        return noffn_check_lrs(mode, d)
+
+    modes = [m for m in NOFFN_CHECK_MODES if m in d.best_lr]
+    decided = decide_learning_rates(res, d, modes, lrs_of, ffn=False)
+    table = lr_rule.table(LR_HEADER, modes, lrs_of, lambda mode, lr: _lr_cells(res, mode, lr, ffn=False), decided,
+                          label=lambda mode, lr: f"{lr:g}" + (" (stage 1's)" if lr == d.best_lr[mode] else ""))
+    chosen = {mode: lr for mode, (lr, _) in decided.items()}
+    edges = [f"{mode} {lr:g}" for mode, (lr, extra) in decided.items() if extra is not None]
+    if not table:
         return []
     lines = ["## Stage 3 (post hoc): the learning rate without the FFN", "",
              "Added after stage 2's results without the FFN were seen (see the protocol above). "
              f"T = {LR_T} without the FFN, validation set, seeds {', '.join(map(str, LR_SEEDS))}, each mode at its "
              "stage-1 lr and half a decade either side, and the lrs added beyond an edge (NOFFN_CHECK_EXTRA); "
-             "stage 1's rule. Bold: the rule's choice.", "",
-             md_table(["mode", "lr", "validation accuracy (%)", "validation per-sequence (%)", "per seed (%)"], rows),
-             ""]
+             "stage 1's rule. Bold: the rule's choice.", "", table, ""]
     if edges:
         lines += [f"Best at the edge of the lrs run, so the best lr is not bracketed: {', '.join(edges)}.", ""]
     if "softmax" not in chosen:

@@ -13,7 +13,6 @@ from ...report import (
     every_run_is,
     fmt_difference,
     header_section,
-    lr_decision_notes,
     protocol_sections,
 )
 from ...report import coattention_section as shared_coattention_section
@@ -73,26 +72,18 @@ def per_seed(res: Results, arm: Arm, lr: float, T: int = NANOGPT_T, steps: int |
 def decide_learning_rates(res: Results, d: Decisions) -> dict[str, tuple[float | None, float | None]]:
     """Per own arm whose stage-1 runs are all there: (the rule's lr, the lr to add beyond the edge or None)."""
     arms = {a.name: a for a in own_arms(d)}
-
-    def losses_of(arm: str, lr: float) -> dict[int, float] | None:
-        seeds = {s: v for s, v in per_seed(res, arms[arm], lr)["loss"].items() if s in LR_SEEDS}
-        return seeds if len(seeds) == len(LR_SEEDS) else None
-
-    return lr_rule.decide(list(arms), lambda arm: arm_learning_rates(arm, d), losses_of, d.diverged, NEAR_TIE,
-                          NANOGPT_LR)
+    return lr_rule.decide(list(arms), lambda arm: arm_learning_rates(arm, d),
+                          lambda arm, lr: lr_rule.seeds_mean(per_seed(res, arms[arm], lr)["loss"], LR_SEEDS),
+                          d.diverged, NEAR_TIE, NANOGPT_LR)
 
 
-def decide_long_lr(res: Results, d: Decisions) -> dict[str, float]:
-    """Stage 3's rule: per decisive arm whose three seed-0 runs at T = 256 are there, the stage-1 rule's lr
-    among them (no edge extension)."""
-    arms, out = all_arms(d), {}
-    for name in DECISIVE:
-        if name not in d.best_lr:
-            continue
-        losses = {lr: per_seed(res, arms[name], lr, LONG_T)["loss"].get(0) for lr in long_learning_rates(name, d)}
-        if all(v is not None for v in losses.values()):
-            out[name] = lr_rule.choose_lr(losses, NEAR_TIE, NANOGPT_LR)
-    return out
+def decide_long_lr(res: Results, d: Decisions) -> dict[str, tuple[float | None, None]]:
+    """Stage 3's rule: per decisive arm whose three seed-0 runs at T = 256 are there, (the stage-1 rule's lr
+    among them, None: no edge extension)."""
+    arms = all_arms(d)
+    return lr_rule.decide([n for n in DECISIVE if n in d.best_lr], lambda name: long_learning_rates(name, d),
+                          lambda name, lr: per_seed(res, arms[name], lr, LONG_T)["loss"].get(0), {}, NEAR_TIE,
+                          NANOGPT_LR, extend=False)
 
 
 def choose_arm(found: dict[str, dict]) -> str | None:
@@ -169,16 +160,16 @@ def report(res: Results, context: ReportContext) -> list[str]:
 def learning_rate_section(res: Results, d: Decisions) -> list[str]:
     decided = decide_learning_rates(res, d)
     arms = {a.name: a for a in own_arms(d)}
-    rows = lr_rule.table_rows(list(arms), lambda arm: arm_learning_rates(arm, d),
-                              lambda arm, lr: per_seed(res, arms[arm], lr), decided, d.diverged, LR_SEEDS)
-    if not rows:
+    table = lr_rule.table(["arm", "lr", "validation loss", "ms per step"], list(arms),
+                          lambda arm: arm_learning_rates(arm, d),
+                          lambda arm, lr: lr_rule.loss_cells(per_seed(res, arms[arm], lr), LR_SEEDS), decided,
+                          d.diverged)
+    if not table:
         return []
-    lines = ["## Stage 1: each arm's learning rate", "",
-             f"T = {NANOGPT_T}, validation loss (nats per character) of seed 0; ms per step: wall time over steps, "
-             "evaluations included. The rule of protocol.md; bold: its choice.", "",
-             md_table(["arm", "lr", "validation loss", "ms per step"], rows), ""]
-    notes = lr_decision_notes([a.name for a in own_arms(d)], decided, d.best_lr, "studies/priors/decisions.json")
-    return lines + [notes, ""]
+    notes = lr_rule.decision_notes(list(arms), decided, d.best_lr, "studies/priors/decisions.json")
+    return ["## Stage 1: each arm's learning rate", "",
+            f"T = {NANOGPT_T}, validation loss (nats per character) of seed 0; ms per step: wall time over steps, "
+            "evaluations included. The rule of protocol.md; bold: its choice.", "", table, "", notes, ""]
 
 
 TWIN = {"window16-slot16": "h-slot16", "window8-slot8": "h-slot16", "window16": "h"}  # the same slots, no J
@@ -230,24 +221,22 @@ def comparison_section(res: Results, d: Decisions, T: int, out: Path) -> list[st
 
 def long_lr_section(res: Results, d: Decisions) -> list[str]:
     """Stage 3's lr check of the decisive pair: seed 0 at T = 256 at three lrs, and the rule's choice."""
-    arms, rows = all_arms(d), []
+    arms = all_arms(d)
     decided = decide_long_lr(res, d)
-    for name in DECISIVE:
-        if name not in d.best_lr:
-            continue
-        for lr in long_learning_rates(name, d):
-            f = per_seed(res, arms[name], lr, LONG_T)
-            if 0 in f["loss"]:
-                mark = f"**{lr:g}**" if decided.get(name) == lr else f"{lr:g}"
-                rows.append([name, mark, f"{f['loss'][0]:.4f}", fmt_num(1000 * f["step_s"][0], 0)])
-    if not rows:
+
+    def cells(name: str, lr: float) -> list[str] | None:
+        f = per_seed(res, arms[name], lr, LONG_T)
+        return [f"{f['loss'][0]:.4f}", fmt_num(1000 * f["step_s"][0], 0)] if 0 in f["loss"] else None
+
+    table = lr_rule.table(["arm", "lr", "validation loss", "ms per step"], [n for n in DECISIVE if n in d.best_lr],
+                          lambda name: long_learning_rates(name, d), cells, decided)
+    if not table:
         return []
     notes = [f"{name}: the rule picks {lr:g}" + ("" if d.long_lr.get(name) == lr else
-                                                 " (not yet in decisions.json)") for name, lr in decided.items()]
+                                                 " (not yet in decisions.json)") for name, (lr, _) in decided.items()]
     return [f"## Stage 3: the decisive pair's lr at T = {LONG_T}", "",
             "Seed 0 at the stage-1 lr and one half-decade step either side; the stage-1 rule without edge "
-            "extension; bold: its choice (``LONG_LR``).", "",
-            md_table(["arm", "lr", "validation loss", "ms per step"], rows), "", "; ".join(notes) + ".", ""]
+            "extension; bold: its choice (``LONG_LR``).", "", table, "", "; ".join(notes) + ".", ""]
 
 
 def what_couplings_add(res: Results, d: Decisions) -> list[str]:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from ... import lr_rule
 from ...recipes import NANOGPT, NANOGPT_LOSS, NANOGPT_T
-from ...report import ReportContext, every_run_is, header_section, lr_decision_notes, protocol_sections
+from ...report import ReportContext, every_run_is, header_section, protocol_sections
 from ...results import NO_MEASURES, Results
 from ...stats import millinats, paired, relative, stat
-from ...tables import fmt_interval, fmt_num, fmt_stat, md_table, table_with_holm
+from ...tables import fmt_interval, fmt_num, fmt_stat, table_with_holm
 from .grids import (
     ARMS,
     BY_NAME,
@@ -61,43 +61,28 @@ def per_seed(res: Results, arm: str, lr: float, T: int = NANOGPT_T) -> dict[str,
     return dict(NO_MEASURES) if g is None else g.measures()
 
 
-def choose_lr(losses: dict[float, float]) -> float | None:
-    """Stage 1's rule on {lr: validation loss} (:func:`...lr_rule.choose_lr`, ties within NEAR_TIE towards
-    nanoGPT's lr); None when there is no lr."""
-    return lr_rule.choose_lr(losses, NEAR_TIE, NANOGPT_LR)
-
-
-def edge_extension(arm: str, lr: float, d: Decisions) -> float | None:
-    """The lr to add for ``arm`` when the rule's lr is at the edge of its lrs (else None)."""
-    return lr_rule.edge_extension(lr, arm_learning_rates(arm, d))
-
-
 def decide_learning_rates(res: Results, d: Decisions) -> dict[str, tuple[float | None, float | None]]:
     """Per arm whose stage-1 runs are all there (the lrs in DIVERGED aside): (the rule's lr, the lr to add
     beyond the edge or None)."""
-    def losses_of(arm: str, lr: float) -> dict[int, float] | None:
-        seeds = {s: v for s, v in per_seed(res, arm, lr)["loss"].items() if s in LR_SEEDS}
-        return seeds if len(seeds) == len(LR_SEEDS) else None
-
-    return lr_rule.decide([a.name for a in ARMS], lambda arm: arm_learning_rates(arm, d), losses_of, d.diverged,
+    return lr_rule.decide([a.name for a in ARMS], lambda arm: arm_learning_rates(arm, d),
+                          lambda arm, lr: lr_rule.seeds_mean(per_seed(res, arm, lr)["loss"], LR_SEEDS), d.diverged,
                           NEAR_TIE, NANOGPT_LR)
 
 
 def learning_rate_section(res: Results, d: Decisions) -> list[str]:
     decided = decide_learning_rates(res, d)
-    rows = lr_rule.table_rows([a.name for a in ARMS], lambda arm: arm_learning_rates(arm, d),
-                              lambda arm, lr: per_seed(res, arm, lr), decided, d.diverged, LR_SEEDS)
-    if not rows:
+    table = lr_rule.table(["arm", "lr", "validation loss", "ms per step"], [a.name for a in ARMS],
+                          lambda arm: arm_learning_rates(arm, d),
+                          lambda arm, lr: lr_rule.loss_cells(per_seed(res, arm, lr), LR_SEEDS), decided, d.diverged)
+    if not table:
         return []
-    lines = ["## Stage 1: each arm's learning rate", "",
-             f"T = {NANOGPT_T}, validation loss (nats per character) of seed(s) {', '.join(map(str, LR_SEEDS))}; "
-             f"ms per step: wall time over steps, evaluations included. Rule (fixed before the runs): the lowest "
-             f"loss; losses within {NEAR_TIE:g} nats of it are tied, and the lr the fewest half-decade steps from "
-             f"nanoGPT's {NANOGPT_LR:g} wins among them (then the smaller); a winner at the edge of the arm's lrs "
-             "adds the next lr beyond it. Bold: the rule's choice.", "",
-             md_table(["arm", "lr", "validation loss", "ms per step"], rows), ""]
-    notes = lr_decision_notes([a.name for a in ARMS], decided, d.best_lr, "studies/realsize/decisions.json")
-    return lines + [notes, ""]
+    notes = lr_rule.decision_notes([a.name for a in ARMS], decided, d.best_lr, "studies/realsize/decisions.json")
+    return ["## Stage 1: each arm's learning rate", "",
+            f"T = {NANOGPT_T}, validation loss (nats per character) of seed(s) {', '.join(map(str, LR_SEEDS))}; "
+            f"ms per step: wall time over steps, evaluations included. Rule (fixed before the runs): the lowest "
+            f"loss; losses within {NEAR_TIE:g} nats of it are tied, and the lr the fewest half-decade steps from "
+            f"nanoGPT's {NANOGPT_LR:g} wins among them (then the smaller); a winner at the edge of the arm's lrs "
+            "adds the next lr beyond it. Bold: the rule's choice.", "", table, "", notes, ""]
 
 
 def comparison_section(res: Results, T: int, out: Path, d: Decisions) -> list[str]:
