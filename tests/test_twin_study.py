@@ -283,3 +283,26 @@ def test_stages_b_to_d_are_reported_with_their_verdicts(tmp_path):
     assert "at step 1200 +18.00 [+18.00, +18.00]*; at step 1400 +12.00 [+12.00, +12.00]*." in recorded  # 1.548, 1.542
     assert "### 3. The best coupled arm against the best uncoupled arm" in text
     assert "| stickbreaking | - | 1.5294 ± 0.0027 (n=5) |" in text
+
+
+def test_stage_e_runs_the_slot_twins_at_x16_and_reuses_the_a3_run():
+    assert G.stage_e(G.Decisions(multiplier={"h-slot16": 4.0})) == []  # it checks LONG_MULTIPLIER: not before
+    d = G.Decisions(multiplier={"h-slot16": 4.0}, long_multiplier={"h-slot16": 4.0})
+    e = G.stage_e(d)
+    assert [(s.arm, s.T, s.slot_bias, s.coupling, s.steps) for s in e] == [
+        ("h-slot16", 256, 16.0, 1.0, None), ("h-rope-slot16", 256, 16.0, 1.0, None)]
+    grids = G.twin_grids("learn-half-log-T", d)
+    assert [(g.variant, g.seeds) for g in grids[-2:]] == [("tw-h-slot16-slr16", G.SEEDS),
+                                                          ("tw-h-rope-slot16-slr16", G.SEEDS)]  # after B-D
+    # the rope twin differs from stage C's only in the multiplier
+    x4, x16 = _flat(G.long_setting("h-rope-slot16", d)), _flat(e[1])
+    assert {k for k in x16 if x16[k] != x4[k]} == {"slot_bias_lr_multiplier"} and x16["slot_bias_lr_multiplier"] == 16
+    # stage A3's seed-0 run of h-slot16 at x16 is stage E's: the same name and config, so the sweep runs it once
+    name = "shakespeare-T256-h-exact-tw-h-slot16-slr16-s0"
+    a3 = dict(G.with_multiplier("h-slot16", 16.0, d, G.LONG_T).grid((0,)).runs())
+    assert 16.0 in G.neighbours(4.0) and list(a3) == [name] and a3[name] == dict(e[0].grid(G.SEEDS).runs())[name]
+    assert _names(d).count(name) == 2
+    if TWIN_ARCHIVE.exists():
+        saved = next(r for r in load_runs(TWIN_ARCHIVE) if r.name == name)
+        assert TrainConfig.from_dict(saved.config).flat() == a3[name].flat()
+

@@ -76,6 +76,9 @@ ON_ROPE = (("window16-rope", "h-rope"), ("window16-rope", "h-rope-slot16"), ("wi
 BORROWS = {"window16-rope": "window16-slot16", "window8-rope": "window8-slot8", "h-rope-slot16": "h-slot16"}
 # the priors study's arms whose runs at multiplier 1 are this study's (the same config), and the seeds its
 # archive holds of each by (arm, T, steps): those are not run again
+# stage E, the x16 check: the slot-bias twins at this multiplier in place of h-slot16's LONG_MULTIPLIER
+X16 = 16.0
+X16_ARMS = ("h-slot16", "h-rope-slot16")
 FROM_PRIORS = ("window16-slot16", "window8-slot8", "h-slot16", "softmax-rope", "stickbreaking")
 IN_PRIORS = {(arm, T, None): (0, 1, 2) for arm in FROM_PRIORS for T in (SHORT_T, LONG_T)}
 IN_PRIORS.update({("window16-slot16", LONG_T, None): SEEDS, ("h-slot16", LONG_T, None): SEEDS,
@@ -232,8 +235,16 @@ def stage_d(d: Decisions) -> list[Setting]:
     return [Setting(base.arm, LONG_T, base.coupling, base.slot_bias, d.equal_compute_steps)]
 
 
+def stage_e(d: Decisions) -> list[Setting]:
+    """Stage E: h-slot16 and h-rope-slot16 at T = 256 with the slot bias at x16, the check of h-slot16's
+    LONG_MULTIPLIER (so only once that is decided)."""
+    if "h-slot16" not in d.long_multiplier:
+        return []
+    return [Setting(arm, LONG_T, slot_bias=X16) for arm in X16_ARMS]
+
+
 def twin_grids(field_bias: str, d: Decisions) -> list[Grid]:
     """Every stage whose rule's inputs are decided, in the protocol's order. The field bias is the default."""
     grids = [s.grid((TUNING_SEED,)) for s in stage_a1(d) + stage_a2(d) + stage_a3(d)]
-    grids += [s.grid(SEEDS) for s in stage_bc(d) + stage_d(d)]
+    grids += [s.grid(SEEDS) for s in stage_bc(d) + stage_d(d) + stage_e(d)]
     return [g for g in grids if g.seeds]
