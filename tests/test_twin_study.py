@@ -268,7 +268,8 @@ def test_stages_b_to_d_are_reported_with_their_verdicts(tmp_path):
                  wall_time_s=120.0, evaluations={800: 0.030, 1200: 0.010, 1400: 0.004})
     res = Results(load_runs(tmp_path))
     text = "\n".join(R.report(res, ReportContext(tmp_path, tmp_path / "out", d, "# T\n\nThe rules.\n")))
-    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if " vs " in line}
+    decided = text.split("## Questions 1-2 with the twins at x16")[0]  # the twins at x16: their own test
+    rows = {line.split(" | ")[0].strip("| "): line for line in decided.splitlines() if " vs " in line}
     assert "better" in rows["window16-slot16 vs h-slot16"] and "+60.00" in rows["window16-slot16 vs h-slot16"]
     assert "equivalent within ±15" in rows["window16-slot16 vs h-pairs16"]
     assert "equivalent within ±15 (the coupled arm ahead" in rows["window16-rope vs h-rope-slot16"]  # +1, no spread
@@ -306,3 +307,56 @@ def test_stage_e_runs_the_slot_twins_at_x16_and_reuses_the_a3_run():
         saved = next(r for r in load_runs(TWIN_ARCHIVE) if r.name == name)
         assert TrainConfig.from_dict(saved.config).flat() == a3[name].flat()
 
+
+def test_a_family_with_a_comparison_not_run_yet_is_corrected_for_all_of_its_comparisons():
+    from boltzmann_attention.experiments.stats import paired
+    R = importlib.import_module("boltzmann_attention.experiments.studies.twin.report")
+    c = paired(dict(enumerate([10.0, 30.0, 5.0, 40.0, 15.0])), dict.fromkeys(range(5), 0.0), lambda a, b: a - b)
+    assert 0.05 / 2 < c.p < 0.05
+    assert R._holm([["a vs b", "not run yet (0 of 5 seeds)"], ["a vs c", c]]) == [False, False]  # p against 0.05/2
+    assert R._holm([["a vs c", c]]) == [True]
+
+
+def test_questions_1_2_with_the_twins_at_x16(tmp_path):
+    from boltzmann_attention.experiments.report import ReportContext
+    from boltzmann_attention.experiments.results import Results
+
+    R = importlib.import_module("boltzmann_attention.experiments.studies.twin.report")
+    d = G.Decisions(long_multiplier={"window16-slot16": 1.0, "window8-slot8": 1.0, "h-slot16": 4.0,
+                                     "h-pairs16": 1.0, "h-pairs8": 1.0},
+                    window_slot_multiplier={"window16-slot16": 1.0, "window8-slot8": 1.0})
+    noise = {0: 0.0, 1: 0.004, 2: -0.003, 3: 0.002, 4: -0.001}  # per seed, shared by the arms: paired
+    mean = {"window16-slot16": 1.540, "window8-slot8": 1.545, "h-slot16": 1.600, "h-pairs16": 1.541,
+            "h-pairs8": 1.546, "window16-rope": 1.530, "window8-rope": 1.535, "h-rope": 1.560, "h-rope-slot16": 1.531,
+            "softmax-rope": 1.547, "stickbreaking": 1.529}
+    _write_seeds(tmp_path, {G.long_setting(n, d): {s: m + e for s, e in noise.items()} for n, m in mean.items()})
+    x16 = {s.arm: s for s in G.stage_e(d)}
+    _write_seeds(tmp_path, {x16["h-slot16"]: {s: 1.538 + noise[s] for s in (0, 1, 2)}})
+
+    def sections():
+        text = "\n".join(R.report(Results(load_runs(tmp_path)), ReportContext(tmp_path, tmp_path / "o", d, "# T\n")))
+        decided, rest = text.split("## Questions 1-2 with the twins at x16")
+        return decided, rest.split("\n## ")[0]
+
+    decided, at_x16 = sections()
+    assert "| window16-slot16 vs h-slot16 | not run yet (3 of 5 seeds) |" in at_x16
+    assert "| window8-rope vs h-rope-slot16 | not run yet (0 of 5 seeds) |" in at_x16
+    assert "h-slot16 1.5383 ± 0.0035 (n=3) at x16, 1.6004 ± 0.0027 (n=5) at x4" in at_x16
+    assert "h-rope-slot16 no runs at x16" in at_x16 and "changes a verdict" not in at_x16
+    row = next(line for line in decided.splitlines() if line.startswith("| window8-slot8 vs h-pairs8 |"))
+    assert row in at_x16  # a comparison without an x16 twin: the same row in both
+    # every seed in: h-slot16 at x16 1.538, 2 and 7 millinats below the windows (x4: 60 and 55 above them);
+    # h-rope-slot16 at x16 1.570, 40 and 35 above the rope windows (x4: 1 above and 4 below)
+    _write_seeds(tmp_path, {x16["h-slot16"]: {s: 1.538 + e for s, e in noise.items()},
+                            x16["h-rope-slot16"]: {s: 1.570 + e for s, e in noise.items()}})
+    decided, at_x16 = sections()
+    assert "| window16-slot16 vs h-slot16 | +60.00 [+60.00, +60.00]** |" in decided  # x4's table unchanged
+    assert "| window16-slot16 vs h-slot16 | -2.00 [-2.00, -2.00]** |" in at_x16
+    assert "| window8-rope vs h-rope-slot16 | +35.00 [+35.00, +35.00]** |" in at_x16
+    changes = [line for line in at_x16.splitlines() if line.startswith("- ")]
+    ahead = "equivalent within ±15 (the {} arm ahead, p < 0.05), significant after Holm"
+    assert changes == [
+        f"- window16-slot16 vs h-slot16: at x4 better, significant after Holm; at x16 {ahead.format('uncoupled')}",
+        f"- window8-slot8 vs h-slot16: at x4 better, significant after Holm; at x16 {ahead.format('uncoupled')}",
+        f"- window16-rope vs h-rope-slot16: at x4 {ahead.format('coupled')}; at x16 better, significant after Holm",
+        f"- window8-rope vs h-rope-slot16: at x4 {ahead.format('uncoupled')}; at x16 better, significant after Holm"]

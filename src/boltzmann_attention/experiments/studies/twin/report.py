@@ -31,6 +31,7 @@ from .grids import (
     multipliers,
     neighbours,
     stage_a2,
+    stage_e,
     with_multiplier,
 )
 
@@ -151,6 +152,7 @@ def report(res: Results, context: ReportContext) -> list[str]:
     lines += stage_a_section(res, d)
     lines += long_section(res, d)
     lines += questions_section(res, d)
+    lines += x16_section(res, d)
     coupled = [(n, LONG_T, _group(res, s)) for n, (s, _) in long_arms(res, d).items() if ARMS[n].coupled]
     lines += shared_coattention_section(coupled)
     return lines
@@ -248,22 +250,34 @@ def verdict(c: Paired | None, margin: float = MARGIN) -> str:
     return "inconclusive"
 
 
-def _comparison_rows(res: Results, d: Decisions, pairs) -> list[list]:
-    """(comparison, Paired or None) per (coupled, uncoupled) pair at T = 256 with decided settings."""
-    out = []
+def _comparison_rows(res: Results, d: Decisions, pairs, twins: dict[str, Setting] | None = None) -> list[list]:
+    """(comparison, Paired or None) per (coupled, uncoupled) pair at T = 256 with decided settings; ``twins``
+    (arm -> setting) replaces the decided setting of those uncoupled arms, and a comparison with such a twin
+    waits for all its seeds: in their place the text "not run yet (n of 5 seeds)"."""
+    twins, out = twins or {}, []
     for coupled, uncoupled in pairs:
-        a, b = long_setting(coupled, d), long_setting(uncoupled, d)
-        c = paired(per_seed(res, b)["loss"], per_seed(res, a)["loss"], millinats) if a and b else None
-        out.append([f"{coupled} vs {uncoupled}", c])
+        a, b = long_setting(coupled, d), twins.get(uncoupled) or long_setting(uncoupled, d)
+        name = f"{coupled} vs {uncoupled}"
+        if uncoupled in twins:
+            n = len(set(SEEDS) & set(per_seed(res, b)["loss"]))
+            if n < len(SEEDS):
+                out.append([name, f"not run yet ({n} of {len(SEEDS)} seeds)"])
+                continue
+        out.append([name, paired(per_seed(res, b)["loss"], per_seed(res, a)["loss"], millinats) if a and b else None])
     return out
 
 
+def _holm(rows: list[list]) -> list[bool]:
+    """Which rows of a family survive Holm over all of them: a row not run yet (a text in place of its Paired)
+    counts as not rejected (p = 1), so that the others are corrected for the whole family."""
+    return holm([1.0 if isinstance(c, str) else c.p if c is not None else None for _, c in rows])
+
+
 def _family_table(rows: list[list]) -> str:
-    survives = holm([c.p if c is not None else None for _, c in rows])
     cells = []
-    for (name, c), holm_ok in zip(rows, survives):
-        if c is None:
-            cells.append([name, "runs missing", "", "", "", ""])
+    for (name, c), holm_ok in zip(rows, _holm(rows)):
+        if c is None or isinstance(c, str):
+            cells.append([name, c or "runs missing", "", "", "", ""])
             continue
         cells.append([name, fmt_interval(c, holm_survives=holm_ok) if c.n >= 2 else fmt_num(c.mean, 1, signed=True),
                       str(c.n), fmt_num(c.std, 1), fmt_num(c.tost_p(MARGIN), 3) if c.n >= 2 else "", verdict(c)])
@@ -306,6 +320,46 @@ def questions_section(res: Results, d: Decisions) -> list[str]:
         lines += ["### 3. The best coupled arm against the best uncoupled arm", "", _family_table(rows), ""]
         lines += recorded
     return lines
+
+
+def _outcomes(rows: list[list]) -> dict[str, tuple[str, bool]]:
+    """Per comparison with its pairs: (its verdict, whether it survives Holm over the family)."""
+    return {name: (verdict(c), ok) for (name, c), ok in zip(rows, _holm(rows)) if isinstance(c, Paired)}
+
+
+def _mean_loss(res: Results, s: Setting) -> str:
+    loss = per_seed(res, s)["loss"]
+    return f"{fmt_stat(stat(loss.values()), digits=4)} at x{s.slot_bias:g}" if loss else f"no runs at x{s.slot_bias:g}"
+
+
+def x16_section(res: Results, d: Decisions) -> list[str]:
+    """Stage E: questions 1 and 2 with h-slot16 and h-rope-slot16 at x16 in place of their decided multiplier;
+    once every run is in, the comparisons whose verdict or Holm result differ from the decided multiplier's."""
+    twins = {s.arm: s for s in stage_e(d)}
+    if not twins:
+        return []
+    families = [(_comparison_rows(res, d, pairs), _comparison_rows(res, d, pairs, twins)) for pairs in (DECISIVE,
+                                                                                                      ON_ROPE)]
+    losses = [f"{arm} {_mean_loss(res, s)}, {_mean_loss(res, long_setting(arm, d))}" for arm, s in twins.items()]
+    lines = ["## Questions 1-2 with the twins at x16", "",
+             "Stage E (protocol.md), a sensitivity check: the two families again, with h-slot16 and h-rope-slot16 at "
+             "slot-bias lr x16 in place of their decided multiplier; the same paired differences, Holm over each "
+             "family of four and verdicts. The decisions and the answers above stand whatever it finds. Validation "
+             "loss: " + "; ".join(losses) + ".", "",
+             "### 1. at x16 (family B)", "", _family_table(families[0][1]), "",
+             "### 2. at x16 (family C)", "", _family_table(families[1][1]), ""]
+    if any(isinstance(c, str) for _, x16 in families for _, c in x16):
+        return lines
+    decided = f"x{long_setting('h-slot16', d).slot_bias:g}"
+    holm_says = {True: "significant after Holm", False: "not significant after Holm"}
+    differ = []
+    for at_decided, x16 in families:
+        before, after = _outcomes(at_decided), _outcomes(x16)
+        differ += [f"- {name}: at {decided} {before[name][0]}, {holm_says[before[name][1]]}; at x16 {after[name][0]}, "
+                   f"{holm_says[after[name][1]]}" for name in after if name in before and before[name] != after[name]]
+    if not differ:
+        return lines + [f"Every verdict and Holm result is the same as at {decided}.", ""]
+    return lines + [f"Where x16 changes a verdict or a Holm result (the answers at {decided} stand):", "", *differ, ""]
 
 
 def _recorded_wall_time(res: Results, short: Setting, dear: Setting, delta) -> list[str]:
