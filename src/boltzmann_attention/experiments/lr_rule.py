@@ -21,10 +21,12 @@ from .tables import fmt_num, fmt_stat, md_table
 
 
 def choose_lr(scores: dict[float, float], near_tie: float = 0.0, reference_lr: float | None = None, *,
-              higher: bool = False, second: dict[float, float] | None = None) -> float | None:
+              higher: bool = False, second: dict[float, float] | None = None, step: float = 10 ** 0.5
+              ) -> float | None:
     """The rule on {lr: score} (lower is better; ``higher``: higher is better); ``second``: {lr: the tie-break's
-    score, higher is better}, for a rule that breaks ties by it instead of by ``reference_lr``. None when there
-    is no lr."""
+    score, higher is better}, for a rule that breaks ties by it instead of by ``reference_lr``; ``step``: the
+    grid's factor, by which steps from ``reference_lr`` are counted (half a decade; the same rule serves a grid
+    of lr multipliers with ``reference_lr`` 1). None when there is no lr."""
     if not scores:
         return None
     sign = -1.0 if higher else 1.0
@@ -32,17 +34,20 @@ def choose_lr(scores: dict[float, float], near_tie: float = 0.0, reference_lr: f
     tied = [lr for lr, v in scores.items() if sign * v <= best + near_tie + 1e-12]
     if second is not None:
         return min(tied, key=lambda lr: (-second[lr], lr))
-    steps = (lambda lr: 0) if reference_lr is None else (lambda lr: abs(round(2 * math.log10(lr / reference_lr))))
+    steps = (lambda lr: 0) if reference_lr is None else (lambda lr: abs(round(math.log(lr / reference_lr)
+                                                                                / math.log(step))))
     return min(tied, key=lambda lr: (steps(lr), lr))
 
 
-def edge_extension(lr: float, lrs: tuple[float, ...]) -> float | None:
-    """The lr to add when ``lr`` (the rule's choice) is the smallest or largest of ``lrs`` (sorted), else None."""
-    if lr == lrs[0]:
-        return beyond(lr, up=False)
-    if lr == lrs[-1]:
-        return beyond(lr, up=True)
-    return None
+def edge_extension(lr: float, lrs: tuple[float, ...], step: float | None = None) -> float | None:
+    """The lr to add when ``lr`` (the rule's choice) is the smallest or largest of ``lrs`` (sorted), else None:
+    half a decade beyond it on the grid 1, 3, 10, 30, ... (``sweep.beyond``), or a factor ``step`` beyond it."""
+    if lr not in (lrs[0], lrs[-1]):
+        return None
+    up = lr == lrs[-1]
+    if step is None:
+        return beyond(lr, up=up)
+    return lr * step if up else lr / step
 
 
 def seeds_mean(values: dict[int, float], seeds) -> float | None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+from ... import arms, lr_rule
 from ...coattention import ANALYSIS as COATTENTION
 from ...recipes import NANOGPT, NANOGPT_T
 from ...sweep import Grid
@@ -22,19 +22,12 @@ PRIORS_PREFIX = "pr-"
 
 
 @dataclass(frozen=True)
-class Arm:
-    """One attention variant: its name, mode and config options (flat names), and which multiplier stage A
-    tunes for it ("coupling", "slot_bias" or None) over which grid."""
+class Arm(arms.Arm):
+    """An arm (:class:`...arms.Arm`) and which multiplier stage A tunes for it ("coupling", "slot_bias" or None)
+    over which grid."""
 
-    name: str
-    mode: str
-    options: tuple[tuple[str, object], ...] = ()
     tuned: str | None = None
     grid: tuple[float, ...] = ()
-
-    @property
-    def coupled(self) -> bool:
-        return "J" in self.mode
 
     @property
     def has_slot_bias(self) -> bool:
@@ -51,11 +44,11 @@ def _pairs(W: int) -> tuple:
 
 J_GRID = (0.25, 1.0, 4.0)
 ARMS = {a.name: a for a in (
-    Arm("window16-slot16", "h+J", _window(16, ("slot_bias", 16)), "coupling", J_GRID),
-    Arm("window8-slot8", "h+J", _window(8, ("slot_bias", 8)), "coupling", J_GRID),
-    Arm("h-slot16", "h", (("slot_bias", 16),), "slot_bias", (1.0, 4.0, 16.0, 64.0)),
-    Arm("h-pairs16", "h", _pairs(16), "slot_bias", J_GRID),
-    Arm("h-pairs8", "h", _pairs(8), "slot_bias", J_GRID),
+    Arm("window16-slot16", "h+J", _window(16, ("slot_bias", 16)), tuned="coupling", grid=J_GRID),
+    Arm("window8-slot8", "h+J", _window(8, ("slot_bias", 8)), tuned="coupling", grid=J_GRID),
+    Arm("h-slot16", "h", (("slot_bias", 16),), tuned="slot_bias", grid=(1.0, 4.0, 16.0, 64.0)),
+    Arm("h-pairs16", "h", _pairs(16), tuned="slot_bias", grid=J_GRID),
+    Arm("h-pairs8", "h", _pairs(8), tuned="slot_bias", grid=J_GRID),
     Arm("window16-rope", "h+J", _window(16, ("position", "rope"))),
     Arm("window8-rope", "h+J", _window(8, ("position", "rope"))),
     Arm("h-rope", "h", (("position", "rope"),)),
@@ -167,20 +160,12 @@ def neighbours(m: float) -> tuple[float, float, float]:
 def choose_multiplier(losses: dict[float, float], near_tie: float = NEAR_TIE) -> float | None:
     """The multiplier rule on {multiplier: validation loss}: the lowest wins; those within ``near_tie`` of it
     are tied, and the one the fewest grid steps from 1 wins, then the smaller; None without losses."""
-    if not losses:
-        return None
-    best = min(losses.values())
-    tied = [m for m, loss in losses.items() if loss <= best + near_tie + 1e-12]
-    return min(tied, key=lambda m: (abs(round(math.log(m) / math.log(STEP))), m))
+    return lr_rule.choose_lr(losses, near_tie, 1.0, step=STEP)
 
 
 def edge_extension(m: float, grid: tuple[float, ...]) -> float | None:
     """The multiplier to add when ``m`` (the rule's choice) is at the edge of ``grid`` (sorted), else None."""
-    if m == grid[0]:
-        return m / STEP
-    if m == grid[-1]:
-        return m * STEP
-    return None
+    return lr_rule.edge_extension(m, grid, STEP)
 
 
 def long_setting(arm: str, d: Decisions) -> Setting | None:
