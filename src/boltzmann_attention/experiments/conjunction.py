@@ -1,4 +1,5 @@
-"""What a trained model's couplings do on find-the-block with marker answers (the conjunction study's analysis).
+"""What a trained model's couplings do on a task that needs two keys together: find-the-block with marker answers
+(the conjunction study's analysis, ``ANALYSIS``) and Match3 (the match3 study's, ``MATCH3``).
 
 Two measurements of every run with couplings, on the fixed validation and test sets:
 
@@ -10,7 +11,9 @@ Two measurements of every run with couplings, on the fixed validation and test s
   and the share of sequences in which it is positive (ferromagnetic: the two matches are attended together, the
   sign that solves the task) or negative. Static couplings give f(|j - k|); couplings from content are computed
   from the layer's own keys and queries on each sequence. Pairs further apart than the couplings' range count
-  as zero; ``within_range`` is the share of sequences where they are not.
+  as zero; ``within_range`` is the share of sequences where they are not. For Match3 the pair is, in each
+  positive test sequence, the first pair of keys that completes the query (``tasks.match3.answer_pair``); the
+  negative sequences have none.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from .. import modes
 from ..attention import BoltzmannAttention
 from ..couplings import ContentCouplings, RelativeCouplings, WindowCouplings
 from . import blocks
+from .tasks import match3
 from .train import Analysis
 
-__all__ = ["ANALYSIS", "coupled_layers", "measure", "query_pair", "without_couplings"]
+__all__ = ["ANALYSIS", "MATCH3", "coupled_layers", "measure", "measure_match3", "query_pair", "without_couplings"]
 
 
 def coupled_layers(model: nn.Module) -> list[BoltzmannAttention]:
@@ -84,11 +88,21 @@ def _answer_couplings(layer: BoltzmannAttention, x: Tensor, pair: Tensor) -> tup
     return c(L)[:, j, k].T, torch.ones(B, dtype=torch.bool)  # full couplings: (H, S, S)
 
 
-@torch.no_grad()
 def measure(model: nn.Module, task) -> dict | None:
     """The two measurements of the module docstring for a trained model of a marker-answer blocks ``task``, or
     None when it has no coupled layer: {"uncoupled": {"val": metrics, "test": metrics}, "pair": per coupled
     layer {"mean": per head, "positive": per head, "negative": per head, "within_range": share}}."""
+    return _measure(model, task, lambda x: (torch.arange(len(x)), query_pair(x)))
+
+
+def measure_match3(model: nn.Module, task) -> dict | None:
+    """:func:`measure` for a trained model of Match3, over its positive test sequences."""
+    return _measure(model, task, lambda x: match3.answer_pair(x, task.data.modulus))
+
+
+@torch.no_grad()
+def _measure(model: nn.Module, task, pairs) -> dict | None:
+    """``pairs(x)``: the rows of the test inputs x that have a pair, and the pair's positions in each."""
     layers = coupled_layers(model)
     if not layers:
         return None
@@ -97,7 +111,7 @@ def measure(model: nn.Module, task) -> dict | None:
     with without_couplings(model):
         uncoupled = {split: task.evaluate(model, split) for split in ("val", "test")}
     x = task.data.test[0]
-    pair = query_pair(x)
+    rows, pair = pairs(x)
     inputs = {}
     hooks = [layer.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0]))
              for i, layer in enumerate(layers)]
@@ -108,7 +122,7 @@ def measure(model: nn.Module, task) -> dict | None:
             hook.remove()
     out = []
     for i, layer in enumerate(layers):
-        J, inside = _answer_couplings(layer, inputs[i], pair)  # (count, H), (count,)
+        J, inside = _answer_couplings(layer, inputs[i][rows], pair)  # (count, H), (count,)
         J = J.float()
         out.append({"mean": J.mean(0).tolist(), "positive": (J > 0).float().mean(0).tolist(),
                     "negative": (J < 0).float().mean(0).tolist(), "within_range": float(inside.float().mean())})
@@ -121,5 +135,11 @@ def _applies(cfg) -> bool:
     return cfg.data.task == "blocks" and cfg.data.answer == "marker" and modes.get(cfg.attention.mode).couplings
 
 
-# the measurement as a run's analysis: a study that reads it names it in its grids
+def _applies_match3(cfg) -> bool:
+    """Match3, and a mode with pairwise couplings."""
+    return cfg.data.task == "match3" and modes.get(cfg.attention.mode).couplings
+
+
+# the measurements as runs' analyses: a study that reads one names it in its grids
 ANALYSIS = Analysis("conjunction", measure, applies=_applies)
+MATCH3 = Analysis("match3", measure_match3, applies=_applies_match3)

@@ -39,6 +39,18 @@ def labels(x: Tensor, modulus: int) -> Tensor:
     return ((sums == need[:, None, None]) & pairs).any(dim=(1, 2))
 
 
+def answer_pair(x: Tensor, modulus: int) -> tuple[Tensor, Tensor]:
+    """The positive sequences of x (B, T) and, in each, the first pair of keys (in order of j, then k) that
+    completes the query: (rows (count,) long, pair (count, 2) long, 0-based positions j < k < T - 1)."""
+    keys = x[:, :-1]
+    n = keys.shape[1]
+    hits = ((keys[:, :, None] + keys[:, None, :]) % modulus == ((-x[:, -1]) % modulus)[:, None, None]) \
+        & torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+    rows = hits.flatten(1).any(-1).nonzero().squeeze(-1)
+    first = hits[rows].flatten(1).to(torch.uint8).argmax(-1)  # the first True in row-major order
+    return rows, torch.stack([first // n, first % n], -1)
+
+
 def check_options(T: int, modulus: int) -> None:
     """ValueError naming T or the modulus out of range."""
     if isinstance(T, bool) or not isinstance(T, int) or T < 3:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ...arms import Arm, StagedDecisions, calibrated_grids
 from ...arms import calibration_outcome as staged_outcome
+from ...conjunction import MATCH3
 from ...sweep import Grid
 
 PREFIX = "m3-"
@@ -87,7 +88,7 @@ def grid(arm: str, s: Setting, lr: float, seeds: tuple[int, ...]) -> Grid:
     if a.boltzmann:  # the package's convention: -1/2 log T on h
         overrides.update(field_bias_init=-0.5 * math.log(s.T), learn_field_bias=True)
     return Grid(("match3",), (s.T,), modes=(a.mode,), methods=(a.method,), seeds=seeds,
-                variant=variant(arm, s, lr), overrides=overrides)
+                variant=variant(arm, s, lr), overrides=overrides, analyses=(MATCH3,))
 
 
 def calibration_outcome(errors: list[float | None]) -> str | None:
