@@ -35,6 +35,18 @@ def symmetric_three_body(n, *batch, scale=1.0, dtype=torch.float64, generator=No
                for perm in itertools.permutations(range(3)))
 
 
+def layer_input(model, layer, x):
+    """What ``layer`` receives when ``model`` runs on x, captured by a forward pre-hook, without gradients."""
+    inputs = []
+    hook = layer.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        hook.remove()
+    return inputs[0]
+
+
 def _devices():
     return ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                  reason="no CUDA device"))]

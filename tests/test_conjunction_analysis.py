@@ -3,6 +3,7 @@ them by hand for each coupling kind, and the J = 0 evaluation against the same m
 
 import pytest
 import torch
+from conftest import layer_input
 
 from boltzmann_attention.experiments import blocks
 from boltzmann_attention.experiments.config import TrainConfig
@@ -47,13 +48,8 @@ def test_the_couplings_between_the_pair_by_hand(kind):
     x = task.data.test[0]
     pair = query_pair(x)
     j, k = pair[:, 0], pair[:, 1]
-    inputs = {}
     layer = model.blocks[0].attn
-    hook = layer.register_forward_pre_hook(lambda m, args: inputs.__setitem__(0, args[0]))
-    with torch.no_grad():
-        model(x)
-    hook.remove()
-    h = inputs[0]
+    h = layer_input(model, layer, x)
     c = layer.couplings
     with torch.no_grad():
         if kind in ("keys", "query", "keys-step"):

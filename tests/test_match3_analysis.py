@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import layer_input
 
 from boltzmann_attention.experiments.config import TrainConfig
 from boltzmann_attention.experiments.conjunction import MATCH3, measure_match3
@@ -51,13 +52,8 @@ def test_the_couplings_between_the_pair_by_hand(kind):
     x = task.data.test[0]
     rows, pair = answer_pair(x, M)
     j, k = pair[:, 0], pair[:, 1]
-    inputs = {}
     layer = model.blocks[1].attn
-    hook = layer.register_forward_pre_hook(lambda m, args: inputs.__setitem__(0, args[0]))
-    with torch.no_grad():
-        model(x)
-    hook.remove()
-    h, c = inputs[0][rows], layer.couplings
+    h, c = layer_input(model, layer, x)[rows], layer.couplings
     with torch.no_grad():
         if kind == "relative":
             want = c(T)[:, j, k].T

@@ -245,18 +245,21 @@ def _write_seeds(root, losses, wall_time_s=100.0, evaluations=None):
             path.write_text(json.dumps(result))
 
 
+_LONG_DECISIONS = G.Decisions(long_multiplier={"window16-slot16": 1.0, "window8-slot8": 1.0, "h-slot16": 4.0,
+                                               "h-pairs16": 1.0, "h-pairs8": 1.0},
+                              window_slot_multiplier={"window16-slot16": 1.0, "window8-slot8": 1.0})
+_NOISE = {0: 0.0, 1: 0.004, 2: -0.003, 3: 0.002, 4: -0.001}  # per seed, shared by the arms: paired
+_MEAN = {"window16-slot16": 1.540, "window8-slot8": 1.545, "h-slot16": 1.600, "h-pairs16": 1.541, "h-pairs8": 1.546,
+         "window16-rope": 1.530, "window8-rope": 1.535, "h-rope": 1.560, "h-rope-slot16": 1.531, "softmax-rope": 1.547,
+         "stickbreaking": 1.529}
+
+
 def test_stages_b_to_d_are_reported_with_their_verdicts(tmp_path):
     from boltzmann_attention.experiments.report import ReportContext
     from boltzmann_attention.experiments.results import Results
 
     R = importlib.import_module("boltzmann_attention.experiments.studies.twin.report")
-    d = G.Decisions(long_multiplier={"window16-slot16": 1.0, "window8-slot8": 1.0, "h-slot16": 4.0,
-                                     "h-pairs16": 1.0, "h-pairs8": 1.0},
-                    window_slot_multiplier={"window16-slot16": 1.0, "window8-slot8": 1.0})
-    noise = {0: 0.0, 1: 0.004, 2: -0.003, 3: 0.002, 4: -0.001}  # per seed, shared by the arms: paired
-    mean = {"window16-slot16": 1.540, "window8-slot8": 1.545, "h-slot16": 1.600, "h-pairs16": 1.541,
-            "h-pairs8": 1.546, "window16-rope": 1.530, "window8-rope": 1.535, "h-rope": 1.560, "h-rope-slot16": 1.531,
-            "softmax-rope": 1.547, "stickbreaking": 1.529}
+    d, noise, mean = _LONG_DECISIONS, _NOISE, _MEAN
     settings = {name: G.long_setting(name, d) for name in mean}
     _write_seeds(tmp_path, {s: {seed: mean[n] + e + (0.001 * seed if n == "h-pairs16" else 0.0)
                                 for seed, e in noise.items()} for n, s in settings.items()})
@@ -322,13 +325,7 @@ def test_questions_1_2_with_the_twins_at_x16(tmp_path):
     from boltzmann_attention.experiments.results import Results
 
     R = importlib.import_module("boltzmann_attention.experiments.studies.twin.report")
-    d = G.Decisions(long_multiplier={"window16-slot16": 1.0, "window8-slot8": 1.0, "h-slot16": 4.0,
-                                     "h-pairs16": 1.0, "h-pairs8": 1.0},
-                    window_slot_multiplier={"window16-slot16": 1.0, "window8-slot8": 1.0})
-    noise = {0: 0.0, 1: 0.004, 2: -0.003, 3: 0.002, 4: -0.001}  # per seed, shared by the arms: paired
-    mean = {"window16-slot16": 1.540, "window8-slot8": 1.545, "h-slot16": 1.600, "h-pairs16": 1.541,
-            "h-pairs8": 1.546, "window16-rope": 1.530, "window8-rope": 1.535, "h-rope": 1.560, "h-rope-slot16": 1.531,
-            "softmax-rope": 1.547, "stickbreaking": 1.529}
+    d, noise, mean = _LONG_DECISIONS, _NOISE, _MEAN
     _write_seeds(tmp_path, {G.long_setting(n, d): {s: m + e for s, e in noise.items()} for n, m in mean.items()})
     x16 = {s.arm: s for s in G.stage_e(d)}
     _write_seeds(tmp_path, {x16["h-slot16"]: {s: 1.538 + noise[s] for s in (0, 1, 2)}})
