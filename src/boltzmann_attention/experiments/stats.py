@@ -38,6 +38,16 @@ def stat(values: Iterable[float]) -> Stat | None:
     return Stat(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan, int(v.size))
 
 
+def t_half_width(std: float, n: int) -> float:
+    """Half the width of the (1 - ALPHA) Student t interval of the mean of n values of sample std ``std``; nan
+    for n < 2."""
+    if n < 2:
+        return math.nan
+    from scipy.stats import t
+
+    return float(t.ppf(1 - ALPHA / 2, n - 1)) * std / math.sqrt(n)
+
+
 # ---------------------------------------------------------------------------------------- paired over seeds
 
 @dataclass
@@ -76,11 +86,7 @@ class Paired:
     @cached_property
     def half_width(self) -> float:
         """Half the width of the (1 - ALPHA) t interval of the mean; nan with fewer than 2 paired seeds."""
-        if self.n < 2:
-            return math.nan
-        from scipy.stats import t
-
-        return float(t.ppf(1 - ALPHA / 2, self.n - 1)) * self.std / math.sqrt(self.n)
+        return t_half_width(self.std, self.n)
 
     @property
     def low(self) -> float:
@@ -114,6 +120,24 @@ class Paired:
         """Whether TOST at ``alpha`` finds the difference within +-margin."""
         p = self.tost_p(margin)
         return p is not None and p < alpha
+
+
+def equivalence_verdict(c: Paired | None, margin: float, holm_survives: bool | None = None,
+                        ahead: tuple[str, str] = ("the first", "the second")) -> str:
+    """A paired difference judged by its test and by TOST within +-margin: "equivalent within ±margin" (noting who
+    is ahead, and the test, when it is also significant), else "better" (significant and positive) or "worse",
+    else "inconclusive"; "too few pairs" under 2. ``holm_survives``: whether it survives the Holm correction of its
+    family, where it has one (else the uncorrected t-test at ALPHA); ``ahead``: who leads when the mean is
+    positive, and when it is negative."""
+    if c is None or c.n < 2:
+        return "too few pairs"
+    significant = c.significant() if holm_survives is None else holm_survives
+    if c.equivalent(margin):
+        test = "p < 0.05" if holm_survives is None else "significant after Holm"
+        return f"equivalent within ±{margin:g}" + (f" ({ahead[c.mean <= 0]} ahead, {test})" if significant else "")
+    if significant:
+        return "better" if c.mean > 0 else "worse"
+    return "inconclusive"
 
 
 def paired(a: dict[int, float], b: dict[int, float], fn: Callable[[float, float], float]) -> Paired | None:

@@ -7,7 +7,7 @@ import statistics
 from ...report import ReportContext, archive_runs, header_section, protocol_sections
 from ...report import coattention_section as shared_coattention_section
 from ...results import NO_MEASURES, Group, Results
-from ...stats import Paired, holm, millinats, paired, stat
+from ...stats import Paired, equivalence_verdict, holm, millinats, paired, stat
 from ...tables import fmt_interval, fmt_num, fmt_stat, md_table
 from .grids import (
     ARMS,
@@ -240,14 +240,7 @@ def long_section(res: Results, d: Decisions) -> list[str]:
 
 def verdict(c: Paired | None, margin: float = MARGIN) -> str:
     """The protocol's verdict on a paired difference (uncoupled minus coupled, millinats)."""
-    if c is None or c.n < 2:
-        return "too few pairs"
-    ahead = "the coupled arm" if c.mean > 0 else "the uncoupled arm"
-    if c.equivalent(margin):
-        return f"equivalent within ±{margin:g}" + (f" ({ahead} ahead, p < 0.05)" if c.significant() else "")
-    if c.significant():
-        return "better" if c.mean > 0 else "worse"
-    return "inconclusive"
+    return equivalence_verdict(c, margin, ahead=("the coupled arm", "the uncoupled arm"))
 
 
 def _comparison_rows(res: Results, d: Decisions, pairs, twins: dict[str, Setting] | None = None) -> list[list]:
