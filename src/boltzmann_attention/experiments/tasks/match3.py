@@ -22,7 +22,7 @@ import hashlib
 import torch
 from torch import Tensor
 
-from .record import IGNORE, TaskRecord, accuracy_metrics
+from .record import IGNORE, TaskRecord, _token_losses
 
 SPLIT_SIZE = 2000
 MAX_ROUNDS = 200  # rounds of rejection sampling before a class is declared too rare at this T and M
@@ -129,9 +129,21 @@ def shortcut_accuracy(data: Match3Data) -> tuple[float, float]:
 
 
 def evaluate(model, x: Tensor, y: Tensor, batch_size: int) -> dict:
-    """The loss over the answers, their accuracy, and the error (1 - accuracy) that a run is judged by."""
-    metrics = accuracy_metrics(model, x, y, batch_size)
-    return {"loss": metrics["loss"], "accuracy": metrics["accuracy"], "error": 1.0 - metrics["accuracy"]}
+    """The loss over the answers, their accuracy, the error (1 - accuracy) that a run is judged by, and the error
+    on the positive and on the negative sequences ('error_yes', 'error_no': the share of each class answered
+    wrong; YES is the vocabulary's last token, modulus + 1)."""
+    nll_sum, wrong, yes = 0.0, [], []
+    for out, yb, nll in _token_losses(model, x, y, batch_size):
+        nll_sum += float(nll[yb != IGNORE].sum())  # the answers only: the last position
+        wrong.append(out[:, -1].argmax(-1) != yb[:, -1])
+        yes.append(yb[:, -1] == out.shape[-1] - 1)
+    wrong, yes = torch.cat(wrong), torch.cat(yes)
+    accuracy = (len(x) - int(wrong.sum())) / len(x)
+    out = {"loss": nll_sum / len(x), "accuracy": accuracy, "error": 1.0 - accuracy}
+    for name, chosen in (("yes", yes), ("no", ~yes)):
+        if chosen.any():
+            out[f"error_{name}"] = int(wrong[chosen].sum()) / int(chosen.sum())
+    return out
 
 
 MATCH3 = TaskRecord(name="match3", build=lambda cfg: Match3Data(cfg.data.T, cfg.data.modulus), evaluate=evaluate,
