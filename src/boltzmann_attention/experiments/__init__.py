@@ -24,6 +24,8 @@ In three layers, the blank lines between them; a module imports only from its ow
     report.py    the sections every report shares (header, task tables, couplings, samplers, verdicts)
     claims.py    the paper's numbers and claims, checked against runs
     lr_rule.py   the studies' learning-rate stage: the rule, its decisions, table and notes
+    staged_report.py  the stages of a study that calibrates its setting (lrs, seeds, the decision, the
+                 coupled arms' J = 0 error and sign), shared by the conjunction and Match3 studies
 
     studies/     one folder per study: its grids and report (__init__.py), protocol.md, decisions.json;
                  studies/__init__.py is the registry that finds them

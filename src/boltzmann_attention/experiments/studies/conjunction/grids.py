@@ -25,6 +25,7 @@ TUNING_SEED = 0
 SEEDS = (0, 1, 2)
 DECISIVE_SEEDS = (3, 4)
 MARGIN = 2.0             # points of test error: the TOST margin
+UNSOLVED = 0.50          # all four decisive arms above this mean test error: the comparison decides nothing
 RANGE, RANK = 4, 16
 
 

@@ -17,11 +17,13 @@ RECIPE = {"batch_size": 32, "beta2": 0.99, "weight_decay": 0.1, "grad_clip": 1.0
 WARMUP_SHARE, EVALUATIONS = 0.05, 8
 REFERENCE_LR = 1e-3
 LEARNING_RATES = (3e-4, 1e-3, 3e-3)
+NEAR_TIE = 0.01          # nats per answer: the lr rule's tie
 SOLVED = 0.05            # the calibration's bar: the best arm's validation error at most this
 TUNING_SEED = 0
 SEEDS = (0, 1, 2)
 DECISIVE_SEEDS = (3, 4)
 MARGIN = 2.0             # points of test error: the TOST margin
+UNSOLVED = 0.40          # all four decisive arms above this mean test error: the comparison decides nothing
 RANK = 16
 
 

@@ -1,20 +1,32 @@
-"""The Match3 study's rules applied to its runs, and its report (the calibration so far)."""
+"""The Match3 study's rules applied to its runs, and its report: the calibration, then the stages."""
 
 from __future__ import annotations
 
 from ...arms import calibration_note
+from ...conjunction import MATCH3
 from ...report import ReportContext, every_run_is, header_section, protocol_sections
 from ...results import Results
+from ...staged_report import WAITING, Staged, stages_section
 from ...tables import fmt_num, md_table
 from ...tasks import match3
 from .grids import (
     ARMS,
     CALIBRATION_ARMS,
+    CONTENT,
+    CONTROL,
+    DECISIVE_SEEDS,
+    LEARNING_RATES,
+    MARGIN,
+    NEAR_TIE,
     PREFIX,
     REFERENCE_LR,
+    SEEDS,
     SETTINGS,
+    SINGLE_SCORE,
     SOLVED,
+    STATIC,
     TUNING_SEED,
+    UNSOLVED,
     Decisions,
     Setting,
     calibration_outcome,
@@ -63,8 +75,19 @@ def calibration_section(res: Results, d: Decisions) -> list[str]:
             "(protocol.md).", "", md_table(header, rows), ""] + ([" ".join(notes), ""] if notes else [])
 
 
+def staged(s: Setting) -> Staged:
+    """The stages' report at the chosen setting (:mod:`...staged_report`)."""
+    return Staged(ARMS, lambda res, arm, lr: ARMS[arm].group(res, "match3", variant(arm, s, lr), s.T),
+                  calibration_arms=CALIBRATION_ARMS, learning_rates=LEARNING_RATES, reference_lr=REFERENCE_LR,
+                  near_tie=NEAR_TIE, tuning_seed=TUNING_SEED, seeds=SEEDS, decisive_seeds=DECISIVE_SEEDS,
+                  single_score=SINGLE_SCORE, content=CONTENT, control=CONTROL, static=STATIC,
+                  class_metrics=(("error_yes", "error on YES %"), ("error_no", "error on NO %")),
+                  margin=MARGIN, unsolved=UNSOLVED, analysis=MATCH3.name, where=WHERE)
+
+
 def report(res: Results, context: ReportContext) -> list[str]:
+    d = context.decisions
     lines = header_section(res, context.results_dir)
     lines += [protocol_sections(context.protocol)[""], ""]
-    lines += calibration_section(res, context.decisions)
-    return lines
+    lines += calibration_section(res, d)
+    return lines + (stages_section(res, d, staged(SETTINGS[d.chosen - 1])) if d.chosen else [WAITING, ""])
