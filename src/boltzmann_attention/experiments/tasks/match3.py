@@ -22,7 +22,7 @@ import hashlib
 import torch
 from torch import Tensor
 
-from .record import IGNORE, TaskRecord, _token_losses
+from .record import IGNORE, TaskRecord, token_losses
 
 SPLIT_SIZE = 2000
 MAX_ROUNDS = 200  # rounds of rejection sampling before a class is declared too rare at this T and M
@@ -133,7 +133,7 @@ def evaluate(model, x: Tensor, y: Tensor, batch_size: int) -> dict:
     on the positive and on the negative sequences ('error_yes', 'error_no': the share of each class answered
     wrong; YES is the vocabulary's last token, modulus + 1)."""
     nll_sum, wrong, yes = 0.0, [], []
-    for out, yb, nll in _token_losses(model, x, y, batch_size):
+    for out, yb, nll in token_losses(model, x, y, batch_size):
         nll_sum += float(nll[yb != IGNORE].sum())  # the answers only: the last position
         wrong.append(out[:, -1].argmax(-1) != yb[:, -1])
         yes.append(yb[:, -1] == out.shape[-1] - 1)

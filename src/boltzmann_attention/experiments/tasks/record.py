@@ -52,7 +52,7 @@ def _exp(x: float) -> float:
     return math.inf if x > 709.0 else math.exp(x)  # a perplexity beyond float64 is inf, not an OverflowError
 
 
-def _token_losses(model, x: Tensor, y: Tensor, batch_size: int):
+def token_losses(model, x: Tensor, y: Tensor, batch_size: int):
     """Per batch: the logits and the cross-entropy of every scored position (0 where unscored)."""
     for xb, yb in zip(x.split(batch_size), y.split(batch_size)):
         out = model(xb)
@@ -63,7 +63,7 @@ def _token_losses(model, x: Tensor, y: Tensor, batch_size: int):
 def language_model_metrics(model, x: Tensor, y: Tensor, batch_size: int) -> dict:
     """Loss and perplexity over all positions, and at the last position only."""
     nll_sum = nll_last = count = 0.0
-    for _, yb, nll in _token_losses(model, x, y, batch_size):
+    for _, yb, nll in token_losses(model, x, y, batch_size):
         labelled = yb != IGNORE
         nll_sum += float(nll[labelled].sum())
         count += int(labelled.sum())
@@ -76,7 +76,7 @@ def accuracy_metrics(model, x: Tensor, y: Tensor, batch_size: int) -> dict:
     """Loss and accuracy over the scored positions ('accuracy'), and the fraction of sequences with every scored
     position right ('accuracy_sequence')."""
     nll_sum = correct = count = whole = 0.0
-    for out, yb, nll in _token_losses(model, x, y, batch_size):
+    for out, yb, nll in token_losses(model, x, y, batch_size):
         labelled = yb != IGNORE
         nll_sum += float(nll[labelled].sum())
         count += int(labelled.sum())
