@@ -183,8 +183,8 @@ def group_queries(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | 
     group_dims = [d for d in range(nb) if coupling_batch[d] != 1]  # incl. an empty (0) coupling batch
     query_dims = [d for d in range(nb) if coupling_batch[d] == 1]
     perm = tuple(group_dims + query_dims)
-    G = math.prod(batch[d] for d in group_dims)
-    Q = math.prod(batch[d] for d in query_dims)  # explicit: a -1 is ambiguous when n or the batch is 0
+    G = math.prod([batch[d] for d in group_dims])
+    Q = math.prod([batch[d] for d in query_dims])  # explicit: a -1 is ambiguous when n or the batch is 0
 
     def regroup(x: Tensor, event: int) -> Tensor:
         event_shape = tuple(x.shape[x.dim() - event:])

@@ -184,7 +184,9 @@ def _signs_cpu(w: int, dtype: torch.dtype) -> Tensor:
 
 
 def _signs(w: int, dtype: torch.dtype, device) -> Tensor:
-    return _signs_cpu(w, dtype).to(device)
+    """(2^w, w) spins of each state; cached in eager, traced into the graph under ``torch.compile``."""
+    signs = _signs_cpu.__wrapped__ if torch.compiler.is_compiling() else _signs_cpu
+    return signs(w, dtype).to(device)
 
 
 def _band(J: Tensor, w: int) -> Tensor:

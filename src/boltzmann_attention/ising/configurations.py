@@ -112,7 +112,7 @@ def _features(h: Tensor, J: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor
     """Queries (G, Q, D) and keys (G or 1, 2^n, D) whose products are the log-weights h.s + E_J(s) of each
     configuration (see the module docstring)."""
     n = h.shape[-1]
-    S, pairs, a, b = _constants(n, h.dtype, h.device)
+    S, pairs, a, b = constants(n, h.dtype, h.device)
     pair_J = (J[:, a, b] + J[:, b, a]) * 0.5  # J_ab read from both halves (as s.J.s / 2): gradients to each alike
     if mask is None:
         energy = pair_J @ pairs.T                                                          # (G, 2^n): E_J(s)
@@ -124,7 +124,6 @@ def _features(h: Tensor, J: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor
     return torch.cat([h * present, couplings], dim=-1), torch.cat([S, pairs], dim=-1)[None]
 
 
-@lru_cache(maxsize=64)
 def _constants(n: int, dtype: torch.dtype, device: torch.device):
     """The configurations S (2^n, n), their pair products s_a s_b (2^n, n(n-1)/2) and the pairs a < b."""
     S = configurations(n, dtype=dtype, device=device)
@@ -132,12 +131,21 @@ def _constants(n: int, dtype: torch.dtype, device: torch.device):
     return S, S[:, a] * S[:, b], a, b
 
 
+_cached_constants = lru_cache(maxsize=64)(_constants)
+
+
+def constants(n: int, dtype: torch.dtype, device: torch.device):
+    """:func:`_constants`, built once per size, dtype and device in eager; under ``torch.compile`` traced into the
+    graph, which keeps them as constants (a cache is nothing the compiler can trace)."""
+    return _constants(n, dtype, device) if torch.compiler.is_compiling() else _cached_constants(n, dtype, device)
+
+
 def _attend(q: Tensor, k: Tensor, n: int, device: torch.device) -> Tensor:
     """sum_c softmax_c(q.k_c) S_c, i.e. SDPA with v = S, for q (G, Q, D), k (G or 1, 2^n, D): (G, Q, n)."""
     G, Q, D = q.shape
     cpu = device.type == "cpu"
     width = D if cpu else _round_up(D, 8)  # CPU's flash kernel: any width, v as wide as q and k; else multiples of 8
-    S = _constants(n, q.dtype, device)[0]
+    S = constants(n, q.dtype, device)[0]
     q, k = F.pad(q, (0, width - D)), F.pad(k, (0, width - D))
     if k.shape[0] == 1:  # keys shared by every group: one sequence of G * Q queries
         q = q.reshape(1, G * Q, width)
