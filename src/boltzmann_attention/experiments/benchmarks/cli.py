@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=positive_int,
                    help="interleaved rounds over all candidates (default: 7, with --profile 3)")
     p.add_argument("--compiled", action="store_true",
-                   help="without --profile: each mode (softmax, h, h+J, a coupled window of 4) eager against "
+                   help="without --profile: each mode (softmax, h, h+J, a coupled window of 4, h+J by method "
+                        "configurations, couplings from keys and from the query) eager against "
                         "torch.compile(fullgraph=True), interleaved (default: off)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the times to this JSON file (default: none)")

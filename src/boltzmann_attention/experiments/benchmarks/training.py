@@ -68,7 +68,10 @@ def training_step_table(rows: list[dict]) -> str:
 
 
 COMPILED_MODES = {"softmax": {"mode": "softmax"}, "h": {"mode": "h"}, "h+J": {"mode": "h+J"},
-                  "window": {"mode": "h+J", "coupling": "window", "coupling_window": 4}}
+                  "window": {"mode": "h+J", "coupling": "window", "coupling_window": 4},
+                  "configurations": {"mode": "h+J", "method": "configurations"},
+                  "keys": {"mode": "h+J", "coupling": "keys", "coupling_rank": 16},
+                  "query": {"mode": "h+J", "coupling": "query", "coupling_rank": 16}}
 
 
 def inductor_cache_state() -> str:
