@@ -67,6 +67,20 @@ class Staged:
         return tuple(sorted(set(self.seeds) | set(self.decisive_seeds)))
 
 
+def from_grids(grids, task: str, setting, *, class_metrics: tuple[tuple[str, str], ...], analysis: str,
+               where: str) -> Staged:
+    """The :class:`Staged` of a study at its chosen ``setting`` (which has ``T``), from its grids module: its
+    ``ARMS`` and ``variant(arm, setting, lr)``, and the constants that name the rest (``CALIBRATION_ARMS``,
+    ``LEARNING_RATES``, ``REFERENCE_LR``, ``NEAR_TIE``, ``TUNING_SEED``, ``SEEDS``, ``DECISIVE_SEEDS``,
+    ``SINGLE_SCORE``, ``CONTENT``, ``CONTROL``, ``STATIC``, ``MARGIN``, ``UNSOLVED``)."""
+    g = grids
+    return Staged(g.ARMS, lambda res, arm, lr: g.ARMS[arm].group(res, task, g.variant(arm, setting, lr), setting.T),
+                  calibration_arms=g.CALIBRATION_ARMS, learning_rates=g.LEARNING_RATES, reference_lr=g.REFERENCE_LR,
+                  near_tie=g.NEAR_TIE, tuning_seed=g.TUNING_SEED, seeds=g.SEEDS, decisive_seeds=g.DECISIVE_SEEDS,
+                  single_score=g.SINGLE_SCORE, content=g.CONTENT, control=g.CONTROL, static=g.STATIC,
+                  class_metrics=class_metrics, margin=g.MARGIN, unsolved=g.UNSOLVED, analysis=analysis, where=where)
+
+
 def _seeds(seeds) -> str:
     return f"{min(seeds)}-{max(seeds)}"
 

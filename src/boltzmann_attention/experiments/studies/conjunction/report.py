@@ -7,27 +7,18 @@ from ...arms import calibration_note
 from ...conjunction import ANALYSIS
 from ...report import ReportContext, every_run_is, header_section, protocol_sections
 from ...results import Results
-from ...staged_report import WAITING, Staged, stages_section
+from ...staged_report import WAITING, Staged, from_grids, stages_section
 from ...tables import fmt_num, md_table
+from . import grids
 from .grids import (
     ARMS,
     CALIBRATION_ARMS,
-    CONTENT,
-    CONTROL,
-    DECISIVE_SEEDS,
-    LEARNING_RATES,
-    MARGIN,
-    NEAR_TIE,
     PREFIX,
     REFERENCE_LR,
-    SEEDS,
     SETTINGS,
-    SINGLE_SCORE,
     SOLVED,
-    STATIC,
     TASK,
     TUNING_SEED,
-    UNSOLVED,
     Decisions,
     Setting,
     calibration_outcome,
@@ -95,13 +86,8 @@ def calibration_section(res: Results, d: Decisions) -> list[str]:
 
 def staged(s: Setting) -> Staged:
     """The stages' report at the chosen setting (:mod:`...staged_report`)."""
-    return Staged(ARMS, lambda res, arm, lr: ARMS[arm].group(res, "blocks", variant(arm, s, lr), s.T),
-                  calibration_arms=CALIBRATION_ARMS, learning_rates=LEARNING_RATES, reference_lr=REFERENCE_LR,
-                  near_tie=NEAR_TIE, tuning_seed=TUNING_SEED, seeds=SEEDS, decisive_seeds=DECISIVE_SEEDS,
-                  single_score=SINGLE_SCORE, content=CONTENT, control=CONTROL, static=STATIC,
-                  class_metrics=tuple(zip(CLASS_METRICS, ("wrong: decoy %", "wrong: other block %",
-                                                          "wrong: not a marker %"))),
-                  margin=MARGIN, unsolved=UNSOLVED, analysis=ANALYSIS.name, where=WHERE)
+    classes = tuple(zip(CLASS_METRICS, ("wrong: decoy %", "wrong: other block %", "wrong: not a marker %")))
+    return from_grids(grids, "blocks", s, class_metrics=classes, analysis=ANALYSIS.name, where=WHERE)
 
 
 def report(res: Results, context: ReportContext) -> list[str]:
