@@ -6,15 +6,16 @@ import math
 import pytest
 
 from boltzmann_attention.experiments import blocks
-from boltzmann_attention.experiments.studies.conjunction import grids
+from boltzmann_attention.experiments.studies.conjunction import PROFILES, grids
 from boltzmann_attention.experiments.studies.conjunction.grids import (
     CALIBRATION_ARMS,
     SETTINGS,
     Decisions,
     calibration_outcome,
-    conjunction_grids,
 )
 from boltzmann_attention.experiments.studies.conjunction.report import premise
+
+conjunction_grids = PROFILES["conjunction"]
 
 
 @pytest.mark.parametrize("num_blocks", sorted({s.num_blocks for s in SETTINGS}))

@@ -30,7 +30,7 @@ def test_the_modulus_makes_about_half_of_uniform_draws_positive():
 
 
 def test_the_calibration_grids_and_every_arms_config_are_valid():
-    first = grids.match3_grids("", grids.Decisions())
+    first = study.PROFILES["match3"]("", grids.Decisions())
     assert [g.variant for g in first] == [grids.variant(a, grids.SETTINGS[0], grids.REFERENCE_LR)
                                           for a in grids.CALIBRATION_ARMS]
     (_, cfg), = list(first[0].runs())
@@ -38,7 +38,7 @@ def test_the_calibration_grids_and_every_arms_config_are_valid():
     for arm in grids.ARMS:
         for _, cfg in grids.grid(arm, grids.SETTINGS[0], 1e-3, (0,)).runs():
             cfg.validate()
-    chosen = grids.match3_grids("", grids.Decisions(chosen=1, best_lr={a: 1e-3 for a in grids.ARMS},
+    chosen = study.PROFILES["match3"]("", grids.Decisions(chosen=1, best_lr={a: 1e-3 for a in grids.ARMS},
                                                     best_single="h-rope", best_content="keys"))
     assert {g.variant.split("-T")[0] for g in chosen} == {f"{grids.PREFIX}{a}" for a in grids.ARMS}
 

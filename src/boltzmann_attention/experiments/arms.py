@@ -6,9 +6,11 @@ arm is, and the questions asked of it, are written once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .. import modes
+from .sweep import Grid
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,8 @@ class Arm:
         return {} if g is None else g.values(metric, split)
 
 
-__all__ = ["Arm", "stage_grids"]
+__all__ = ["Arm", "StagedDecisions", "calibrated_grids", "calibration_note", "calibration_outcome",
+           "stage_grids", "staged_grid", "staged_profile", "staged_variant"]
 
 
 def stage_grids(grid, arms, lrs, best_lr: dict, decisive, *, calibration_arms=(), reference_lr: float,
@@ -101,6 +104,38 @@ def calibration_note(index: int, outcome: str | None, settings: int, where: str)
     if outcome == "next":
         return "No setting passes: the study stops here (protocol.md)."
     return None
+
+
+def staged_variant(prefix: str, arm: str, s, lr: float) -> str:
+    """A calibrated study's variant name: ``<prefix><arm>-<setting's name>-lr<lr>``."""
+    return f"{prefix}{arm}-{s.name}-lr{lr:g}"
+
+
+def staged_grid(task: str, prefix: str, analysis, arms: dict[str, Arm], arm: str, s, lr: float,
+                seeds: tuple[int, ...]) -> Grid:
+    """One grid of a calibrated study: ``arm`` at setting ``s`` (its T and overrides) and ``lr`` on ``seeds``, its
+    runs asked for ``analysis``; a Boltzmann arm starts its field bias at the package's convention, -1/2 log T."""
+    a = arms[arm]
+    overrides = {**s.overrides, **dict(a.options), "lr": lr}
+    if a.boltzmann:
+        overrides.update(field_bias_init=-0.5 * math.log(s.T), learn_field_bias=True)
+    return Grid((task,), (s.T,), modes=(a.mode,), methods=(a.method,), seeds=seeds,
+                variant=staged_variant(prefix, arm, s, lr), overrides=overrides, analyses=(analysis,))
+
+
+def staged_profile(grids):
+    """The profile of a calibrated study (``grids(field_bias, decisions)``: the calibration, then stages 1-3 as
+    their inputs are decided; the field bias does not apply, every Boltzmann arm starts at -1/2 log T) from its
+    grids module: its ``SETTINGS``, ``grid``, ``ARMS`` and the constants that name the rest."""
+    g = grids
+
+    def profile(field_bias: str, d: StagedDecisions) -> list:
+        return calibrated_grids(g.SETTINGS, d, g.grid, g.ARMS, calibration_arms=g.CALIBRATION_ARMS,
+                                learning_rates=g.LEARNING_RATES, reference_lr=g.REFERENCE_LR,
+                                tuning_seed=g.TUNING_SEED, seeds=g.SEEDS, decisive_seeds=g.DECISIVE_SEEDS,
+                                control=g.CONTROL, static=g.STATIC)
+
+    return profile
 
 
 def calibrated_grids(settings: tuple, d: StagedDecisions, grid, arms, *, calibration_arms: tuple[str, ...],

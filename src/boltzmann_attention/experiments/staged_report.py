@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from . import lr_rule
 from .arms import Arm, StagedDecisions
+from .report import ReportContext, header_section, protocol_sections
 from .results import NO_MEASURES, Group, Results
 from .stats import Paired, equivalence_verdict, holm, paired, point_difference, stat, t_half_width
 from .tables import fmt_interval, fmt_num, md_table, table_with_holm
@@ -310,3 +311,12 @@ def stages_section(res: Results, d: StagedDecisions, st: Staged) -> list[str]:
 
 __all__ = ["CONCLUSIONS", "WAITING", "Staged", "best_arm", "comparisons", "decides_nothing", "stages_section",
            "steps_to"]
+
+
+def study_report(res: Results, context: ReportContext, calibration: list[str], staged: Callable, settings: tuple
+                 ) -> list[str]:
+    """A calibrated study's report: the header, the protocol's opening, its ``calibration`` section, then the stages
+    at the chosen setting (``staged(setting)``: its :class:`Staged`), or that they wait for the calibration."""
+    d = context.decisions
+    lines = header_section(res, context.results_dir) + [protocol_sections(context.protocol)[""], ""] + calibration
+    return lines + (stages_section(res, d, staged(settings[d.chosen - 1])) if d.chosen else [WAITING, ""])

@@ -9,10 +9,12 @@ runs in ``decisions.json`` (:class:`Decisions`); the grids are in ``grids.py`` a
 
 from __future__ import annotations
 
-from .grids import Decisions, conjunction_grids
+from ...arms import staged_profile
+from . import grids
+from .grids import Decisions
 from .report import owns, report
 
-PROFILES = {"conjunction": conjunction_grids}
+PROFILES = {"conjunction": staged_profile(grids)}
 HELP = {"conjunction": "find the block by a conjunction (no single letter names it): content-dependent couplings "
                        "against static ones, the one-step control, MTA and the single-score arms"}
 

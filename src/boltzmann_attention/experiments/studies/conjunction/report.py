@@ -5,9 +5,9 @@ from __future__ import annotations
 from ... import blocks
 from ...arms import calibration_note
 from ...conjunction import ANALYSIS
-from ...report import ReportContext, every_run_is, header_section, protocol_sections
+from ...report import ReportContext, every_run_is
 from ...results import Results
-from ...staged_report import WAITING, Staged, from_grids, stages_section
+from ...staged_report import Staged, from_grids, study_report
 from ...tables import fmt_num, md_table
 from . import grids
 from .grids import (
@@ -91,8 +91,4 @@ def staged(s: Setting) -> Staged:
 
 
 def report(res: Results, context: ReportContext) -> list[str]:
-    d = context.decisions
-    lines = header_section(res, context.results_dir)
-    lines += [protocol_sections(context.protocol)[""], ""]
-    lines += calibration_section(res, d)
-    return lines + (stages_section(res, d, staged(SETTINGS[d.chosen - 1])) if d.chosen else [WAITING, ""])
+    return study_report(res, context, calibration_section(res, context.decisions), staged, SETTINGS)

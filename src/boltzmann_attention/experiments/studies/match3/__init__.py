@@ -9,10 +9,12 @@ its seeds and the decision rule are in ``protocol.md``, the decisions from runs 
 
 from __future__ import annotations
 
-from .grids import Decisions, match3_grids
+from ...arms import staged_profile
+from . import grids
+from .grids import Decisions
 from .report import owns, report
 
-PROFILES = {"match3": match3_grids}
+PROFILES = {"match3": staged_profile(grids)}
 HELP = {"match3": "Match3, a pair of keys needed by definition: content-dependent couplings against static ones, "
                   "the one-step control, MTA and the single-score arms"}
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
-from ...arms import Arm, StagedDecisions, calibrated_grids
+from ...arms import Arm, StagedDecisions, staged_grid, staged_variant
 from ...arms import calibration_outcome as staged_outcome
 from ...conjunction import MATCH3
-from ...sweep import Grid
 
 PREFIX = "m3-"
 LAYERS, HEADS = 4, 2
@@ -80,27 +80,6 @@ CONTROL, STATIC = "keys-step", "relative"
 Decisions = StagedDecisions  # decisions.json: the calibration's progress and the stages' choices
 
 
-def variant(arm: str, s: Setting, lr: float) -> str:
-    return f"{PREFIX}{arm}-{s.name}-lr{lr:g}"
-
-
-def grid(arm: str, s: Setting, lr: float, seeds: tuple[int, ...]) -> Grid:
-    a = ARMS[arm]
-    overrides = {**s.overrides, **dict(a.options), "lr": lr}
-    if a.boltzmann:  # the package's convention: -1/2 log T on h
-        overrides.update(field_bias_init=-0.5 * math.log(s.T), learn_field_bias=True)
-    return Grid(("match3",), (s.T,), modes=(a.mode,), methods=(a.method,), seeds=seeds,
-                variant=variant(arm, s, lr), overrides=overrides, analyses=(MATCH3,))
-
-
-def calibration_outcome(errors: list[float | None]) -> str | None:
-    """The calibration's rule at one setting (:func:`...arms.calibration_outcome` with this study's bar)."""
-    return staged_outcome(errors, SOLVED)
-
-
-def match3_grids(field_bias: str, d: Decisions) -> list[Grid]:
-    """The calibration, then stages 1-3 as their inputs are decided. ``field_bias`` does not apply: every
-    Boltzmann arm starts its field bias at -1/2 log T (protocol.md)."""
-    return calibrated_grids(SETTINGS, d, grid, ARMS, calibration_arms=CALIBRATION_ARMS, learning_rates=LEARNING_RATES,
-                            reference_lr=REFERENCE_LR, tuning_seed=TUNING_SEED, seeds=SEEDS,
-                            decisive_seeds=DECISIVE_SEEDS, control=CONTROL, static=STATIC)
+variant = partial(staged_variant, PREFIX)  # (arm, setting, lr) -> the variant's name
+grid = partial(staged_grid, "match3", PREFIX, MATCH3, ARMS)  # (arm, setting, lr, seeds) -> one Grid
+calibration_outcome = partial(staged_outcome, solved=SOLVED)  # the calibration's rule with this study's bar
