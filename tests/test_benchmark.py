@@ -197,8 +197,8 @@ def test_an_error_while_measuring_is_one_line_not_a_traceback(error, status, mon
     assert str(error).splitlines()[0].split(":")[0] in err
 
 
-COMMAND_FUNCTIONS = ("methods", "steps", "approximations", "window", "banded", "window-paths", "gpu", "relative-steps",
-                     "grid-throughput", "dqa-calibration", "qpu")
+COMMAND_FUNCTIONS = ("methods", "steps", "approximations", "window", "banded", "window-paths", "chain-scan", "gpu",
+                     "relative-steps", "grid-throughput", "dqa-calibration", "qpu")
 
 
 @pytest.mark.slow
@@ -592,6 +592,18 @@ def test_window_paths_rows_time_both_paths_and_name_the_rules_choice(capsys):
            "chosen": "split"}
     assert window_paths.path_table([row]).splitlines()[2] == "| attention | 8 | 100.0 | 250.0 | 2.50 | 1.0 | split |"
 
+
+
+def test_chain_scan_rows_time_both_forms_per_chunk_length(capsys):
+    from boltzmann_attention.experiments.benchmarks import chain_scan
+
+    out = _bench(capsys, "chain-scan", "--chunks", "2", "5", "--B", "1", "--H", "1", "--T", "7", "--w", "2",
+                 "--rounds", "2")
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 7 |")]
+    assert [r[:3] for r in rows] == [["| 7", "2", "2"], ["| 7", "2", "5"]]
+    assert all(abs(float(r[4]) / float(r[3]) - float(r[5])) < 0.05 * float(r[5]) + 0.01 for r in rows)
+    row = {"chunk_length": 8, "T": 52, "w": 4, "sequential_s": 0.1, "chunked_s": 0.25, "ratio": 2.5, "load": 1.0}
+    assert chain_scan.scan_table([row]).splitlines()[2] == "| 52 | 4 | 8 | 100.0 | 250.0 | 2.50 | 1.0 |"
 
 # ------------------------------------------------------------------------------------------------ the GPU check
 

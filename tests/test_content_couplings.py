@@ -29,20 +29,51 @@ MASKS = {"none": None, "causal": torch.ones(4, 9, dtype=torch.bool).tril(5), "ho
 
 @pytest.mark.parametrize("mask", MASKS, ids=str)
 @pytest.mark.parametrize("w", [1, 3])
-def test_chain_equals_the_reference_with_a_J_per_query(mask, w, device):
+@pytest.mark.parametrize("chunk_length", [None, 1, 4, 12], ids=lambda c: f"chunk{c}")
+def test_chain_equals_the_reference_with_a_J_per_query(mask, w, chunk_length, device):
+    # chunks of 1 (< w: the chunk's transfer keeps negligible entries), 4 (n = 9: a ragged last chunk), 12 (> n)
     h = torch.randn(2, 3, 4, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     J = _banded_per_query((2, 3, 4), 9, w)
     m = MASKS[mask]
     on = [None if x is None else x.to(device) for x in (h, J, m)]
-    got = ising.marginals(on[0], on[1], mask=on[2], method="chain", bandwidth=w)
+    options = {"method": "chain", "bandwidth": w, "chunk_length": chunk_length}
+    got = ising.marginals(on[0], on[1], mask=on[2], **options)
     want = ising.marginals(h, J, mask=m, method="reference")
     assert (got.cpu() - want).abs().max() < 1e-12
-    got = ising.log_partition(on[0], on[1], mask=on[2], method="chain", bandwidth=w)
+    got = ising.log_partition(on[0], on[1], mask=on[2], **options)
     want = ising.log_partition(h, J, mask=m, method="reference")
     assert (got.cpu() - want).abs().max() < 1e-12
 
 
-def test_chain_gradcheck_in_h_and_J():
+def test_chunked_chain_in_float32_errs_no_more_than_twice_the_sequential_one():
+    # strong fields and couplings, n = 40 (beyond the reference): the float64 sequential recursion is the truth
+    g = torch.Generator().manual_seed(3)
+    n, w = 40, 4
+    h = torch.randn(64, n, dtype=torch.float64, generator=g) * 8
+    J = _banded_per_query((64,), n, w, scale=3.0)
+    mask = torch.rand(64, n, generator=g) > 0.2
+    options = {"method": "chain", "bandwidth": w}
+    want_m, want_z = (f(h, J, mask=mask, **options) for f in (ising.marginals, ising.log_partition))
+    error = {}
+    for c in (None, 1, 3, 8):
+        m = ising.marginals(h.float(), J.float(), mask=mask, chunk_length=c, **options)
+        z = ising.log_partition(h.float(), J.float(), mask=mask, chunk_length=c, **options)
+        error[c] = ((m.double() - want_m).abs().max(), ((z.double() - want_z) / want_z).abs().max())
+    for c in (1, 3, 8):
+        assert error[c][0] <= 2 * error[None][0] + 1e-6 and error[c][1] <= 2 * error[None][1] + 1e-7, (c, error)
+
+
+def test_chain_refuses_a_chunk_length_below_one_at_the_call_and_at_the_layer():
+    h, J = torch.randn(5, dtype=torch.float64), _banded_per_query((), 5, 2)
+    with pytest.raises(ValueError, match="chunk_length must be an integer >= 1"):
+        ising.marginals(h, J, method="chain", bandwidth=2, chunk_length=0)
+    with pytest.raises(ValueError, match="chunk_length must be an integer >= 1"):
+        BoltzmannAttention(16, 2, max_len=8, coupling="keys", coupling_range=2, method="chain",
+                           method_options={"chunk_length": 0})
+
+
+@pytest.mark.parametrize("chunk_length", [None, 1, 4], ids=lambda c: f"chunk{c}")
+def test_chain_gradcheck_in_h_and_J(chunk_length):
     n, w = 6, 2
     band = (torch.arange(n)[:, None] - torch.arange(n)).abs()
     upper = (band > 0) & (band <= w) & (torch.arange(n)[:, None] < torch.arange(n))
@@ -52,7 +83,7 @@ def test_chain_gradcheck_in_h_and_J():
 
     def f(h, U):
         J = (U * upper) + (U * upper).transpose(-1, -2)
-        return ising.marginals(h, J, mask=mask, method="chain", bandwidth=w)
+        return ising.marginals(h, J, mask=mask, method="chain", bandwidth=w, chunk_length=chunk_length)
 
     assert torch.autograd.gradcheck(f, (h, U))
 
@@ -90,11 +121,11 @@ def test_content_couplings_are_symmetric_banded_and_start_at_zero(query_conditio
     assert torch.allclose(J, want, atol=1e-6)
 
 
-def _layer(coupling, mode="h+J", method="chain", position="rope", seed=0):
+def _layer(coupling, mode="h+J", method="chain", position="rope", seed=0, **options):
     torch.manual_seed(seed)
     kw = {} if mode == "h+J-step" else {"method": method}
     return BoltzmannAttention(16, 2, max_len=12, mode=mode, coupling=coupling, coupling_range=3, coupling_rank=4,
-                              coupling_init_std=0.5, position=position, **kw).double()
+                              coupling_init_std=0.5, position=position, **kw, **options).double()
 
 
 def _heads(layer, x):
@@ -105,9 +136,11 @@ def _heads(layer, x):
 
 
 @pytest.mark.parametrize("coupling", ["keys", "query"])
-@pytest.mark.parametrize("method", ["chain", "banded", "exact"])
+@pytest.mark.parametrize("method", ["chain", "chain chunked", "banded", "exact"])
 def test_the_layer_equals_the_definition_in_float64(coupling, method):
-    layer = _layer(coupling, method=method)
+    chunked = method == "chain chunked"
+    layer = _layer(coupling, method="chain" if chunked else method,
+                   **({"method_options": {"chunk_length": 4}} if chunked else {}))
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     _, weights = layer(x, need_weights=True)
     q, k, v = _heads(layer, x)

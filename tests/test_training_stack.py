@@ -384,6 +384,8 @@ COMPILED_MODES = {
                               "method_options": {"window_path": "configurations"}},
     "h+J configurations": {"mode": "h+J", "method": "configurations"},
     "keys exact": {"mode": "h+J", "coupling": "keys", "coupling_rank": 4, "method": "exact"},
+    "keys chain chunked": {"mode": "h+J", "coupling": "keys", "coupling_rank": 4, "method": "chain",
+                           "method_options": {"chunk_length": 3}},
 }
 
 

@@ -5,6 +5,7 @@
     boltzmann-attention-bench approximations [--only accuracy | scaling] [--plot PNG] [--json PATH]
     boltzmann-attention-bench window [--T N] [--B N] [--W N] [--threads N ...] [--repeats N]
     boltzmann-attention-bench window-paths [--W N ...] [--B N] [--H N] [--T N] [--rounds N] [--threads N]
+    boltzmann-attention-bench chain-scan [--chunks N ...] [--B N] [--H N] [--T N] [--w N] [--rounds N]
     boltzmann-attention-bench gpu [--dry-run] [--out DIR] [--T N ...] [--budget-s S] [--commit HASH]
     boltzmann-attention-bench banded [--baseline COMMIT] [--T N] [--heads N] [--d-model N]
     boltzmann-attention-bench relative-steps [--sizes T ...] [--ranges b ...] [--breakdown] [--batch N] [--layers N]
@@ -28,7 +29,7 @@ from pathlib import Path
 from ...provenance import package_version
 from ..tables import plural
 from ..train import check_output_path
-from . import approximations, dqa, gpu, layers, training, window_paths
+from . import approximations, chain_scan, dqa, gpu, layers, training, window_paths
 from .common import machine_stamp, stamp_line
 
 NO_MATPLOTLIB = '--plot needs matplotlib: pip install -e ".[experiments]"'
@@ -142,6 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--B", type=positive_int, default=12, help="batch size (default: %(default)s)")
     p.add_argument("--H", type=positive_int, default=4, help="heads (default: %(default)s)")
     p.add_argument("--T", type=positive_int, default=256, help="sequence length (default: %(default)s)")
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="interleaved rounds after one warm-up call each (default: %(default)s)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows to this JSON file (default: none)")
+
+    p = _command(sub, "chain-scan", "method chain's two forms (sequential recursion, chunked scan) side by side, "
+                                    "fwd+bwd of the marginals with couplings per query, per chunk length")
+    p.add_argument("--chunks", type=positive_int, nargs="+", default=[4, 8, 16],
+                   help="chunk lengths (default: 4 8 16)")
+    p.add_argument("--B", type=positive_int, default=8, help="batch size (default: %(default)s)")
+    p.add_argument("--H", type=positive_int, default=2, help="heads (default: %(default)s)")
+    p.add_argument("--T", type=positive_int, default=52, help="sequence length (default: %(default)s)")
+    p.add_argument("--w", type=positive_int, default=4, help="coupling range, the band's width (default: %(default)s)")
     p.add_argument("--rounds", type=positive_int, default=3,
                    help="interleaved rounds after one warm-up call each (default: %(default)s)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: %(default)s)")
@@ -377,6 +391,20 @@ def run_window(args) -> None:
     print("\n".join(layers.window_errors(args.T)))
 
 
+def run_chain_scan(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    stamp = machine_stamp(args.threads)
+    rows = chain_scan.scan_rows(tuple(args.chunks), args.B, args.H, args.T, args.w, args.rounds)
+    print(stamp_line(stamp))
+    print(f"Method chain, B = {args.B}, H = {args.H}, T = {args.T} (a chain per query, causal), band width {args.w}, "
+          f"float32, fwd+bwd of the marginals; median of {plural(args.rounds, 'interleaved round')}, wall ms; load "
+          "average at the end of each row\n")
+    print(chain_scan.scan_table(rows))
+    _write_json(args.json, {"machine": stamp, "rows": rows})
+
+
 def run_window_paths(args) -> None:
     import torch
 
@@ -441,7 +469,8 @@ def run_qpu(args) -> None:
 
 
 COMMANDS = {"methods": run_methods, "steps": run_steps, "approximations": run_approximations, "window": run_window,
-            "banded": run_window, "window-paths": run_window_paths, "gpu": run_gpu,
+            "banded": run_window, "window-paths": run_window_paths, "chain-scan": run_chain_scan,
+            "gpu": run_gpu,
             "relative-steps": run_relative_steps, "grid-throughput": run_grid_throughput,
             "dqa-calibration": run_dqa_calibration, "qpu": run_qpu}
 

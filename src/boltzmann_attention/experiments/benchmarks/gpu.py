@@ -17,7 +17,8 @@ whose cell at 2T (4 times a call at T, the fields being T x T, for the warm-up a
 With the defaults: tests 120 s at most, timings 290 s plus the last cell (30 s): under 8 minutes with CUDA's
 start. The window rows are both of the coupled window's paths
 at W = 8 and 16 (``window_path`` named): their ratio is the measurement that ``ising.window.choose_path`` lacks on
-CUDA.
+CUDA. The content-coupling rows are method chain's two forms, the sequential recursion and the chunked scan
+(``chunk_length`` = CHAIN_CHUNK): their ratio is what a choice between them on CUDA would be read from.
 
 ``--dry-run``: the same steps on the CPU at tiny sizes in seconds (the tests only collected, not run), into a
 temporary folder: what CI runs to keep this command working.
@@ -50,6 +51,7 @@ TEST_FILES = ("tests/test_window.py", "tests/test_exact.py", "tests/test_exact_e
               "tests/test_content_couplings.py", "tests/test_meanfield.py", "tests/test_attention.py",
               "tests/test_host_sync.py")
 BASELINE = "SDPA flash"
+CHAIN_CHUNK = 32  # the chunked scan's chunk length in the GPU check: about sqrt(T) at T = 1024
 
 
 @dataclass
@@ -113,6 +115,9 @@ def layers(T: int, s: Settings) -> dict:
         out[f"relative range {r} (banded)"] = layer(coupling="relative", coupling_range=r, method="banded",
                                                     coupling_init_std=0.1)
     out["keys range 4 (chain)"] = layer(coupling="keys", coupling_range=4, method="chain", coupling_init_std=0.1)
+    out[f"keys range 4 (chain, chunks of {CHAIN_CHUNK})"] = layer(
+        coupling="keys", coupling_range=4, method="chain", coupling_init_std=0.1,
+        method_options={"chunk_length": CHAIN_CHUNK})
     return out
 
 
@@ -254,8 +259,14 @@ def report(s: Settings, st: dict, tests: dict, rows: dict) -> str:
         pairs = [f"T = {T}: {conf[T]['ms'] / split[T]['ms']:.2f}" for T in sizes
                  if "ms" in split.get(T, {}) and "ms" in conf.get(T, {})]
         ratios.append(f"W = {W}: " + (", ".join(pairs) if pairs else "no pair measured"))
+    chain_rows = [rows.get(name, {}) for name in ("keys range 4 (chain)",
+                                                  f"keys range 4 (chain, chunks of {CHAIN_CHUNK})")]
+    chain_pairs = [f"T = {T}: {chain_rows[1][T]['ms'] / chain_rows[0][T]['ms']:.2f}" for T in sizes
+                   if all("ms" in r.get(T, {}) for r in chain_rows)]
     lines += ["", "Window paths, configurations / split (below 1: the configurations path is faster): "
-              + "; ".join(ratios) + ".", ""]
+              + "; ".join(ratios) + ".", "",
+              "Method chain, chunked scan / sequential recursion (below 1: the chunked scan is faster): "
+              + (", ".join(chain_pairs) if chain_pairs else "no pair measured") + ".", ""]
     return "\n".join(lines)
 
 
