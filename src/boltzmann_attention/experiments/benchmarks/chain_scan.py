@@ -8,12 +8,11 @@ choice between them is read from, per device.
 from __future__ import annotations
 
 import os
-import statistics
 
 import torch
 
 from ...ising import chain
-from .common import interleaved
+from .common import both_orders
 
 
 def scan_step(B: int, H: int, T: int, w: int, chunk_length: int | None, device="cpu", seed: int = 0):
@@ -37,12 +36,9 @@ def scan_rows(chunks=(4, 8, 16), B: int = 8, H: int = 2, T: int = 52, w: int = 4
     sync: called after each step (``torch.cuda.synchronize`` on a GPU)."""
     rows = []
     for c in chunks:
-        steps = {"sequential": scan_step(B, H, T, w, None, device), "chunked": scan_step(B, H, T, w, c, device)}
-        if sync is not None:
-            steps = {name: (lambda fn=fn: (fn(), sync())) for name, fn in steps.items()}
-        first = interleaved(steps, rounds=(rounds + 1) // 2, warmup=1)
-        second = interleaved(dict(reversed(steps.items())), rounds=rounds // 2, warmup=0) if rounds > 1 else {}
-        sequential, chunked = (statistics.median(first[name] + second.get(name, [])) for name in steps)
+        times = both_orders({"sequential": scan_step(B, H, T, w, None, device),
+                             "chunked": scan_step(B, H, T, w, c, device)}, rounds, sync)
+        sequential, chunked = times["sequential"], times["chunked"]
         rows.append({"chunk_length": c, "T": T, "w": w, "sequential_s": sequential, "chunked_s": chunked,
                      "ratio": chunked / sequential, "load": os.getloadavg()[0]})
     return rows

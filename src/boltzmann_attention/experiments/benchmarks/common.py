@@ -74,6 +74,17 @@ def interleaved(candidates: dict[str, Callable[[], object]], rounds: int, warmup
     return out
 
 
+def both_orders(candidates: dict[str, Callable[[], object]], rounds: int, sync=None) -> dict[str, float]:
+    """{name: median seconds per call} over ``rounds`` :func:`interleaved` rounds after one warm-up call each, half
+    of them in the opposite order, so that no candidate always runs right after the same other one. sync: called
+    after each call (``torch.cuda.synchronize`` on a GPU)."""
+    if sync is not None:
+        candidates = {name: (lambda fn=fn: (fn(), sync())) for name, fn in candidates.items()}
+    first = interleaved(candidates, rounds=(rounds + 1) // 2, warmup=1)
+    second = interleaved(dict(reversed(candidates.items())), rounds=rounds // 2, warmup=0) if rounds > 1 else {}
+    return {name: statistics.median(first[name] + second.get(name, [])) for name in candidates}
+
+
 def medians(times: dict[str, list[float]]) -> dict[str, float]:
     """{name: median} of :func:`interleaved`'s measurement."""
     return {name: statistics.median(t) for name, t in times.items()}

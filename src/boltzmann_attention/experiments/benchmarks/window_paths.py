@@ -12,13 +12,12 @@ configurations path is faster) is what ``ising.window.choose_path``'s rule is re
 from __future__ import annotations
 
 import os
-import statistics
 
 import torch
 
 from ...coupled_window import window_attention
 from ...ising import window as window_ising
-from .common import interleaved
+from .common import both_orders
 
 PATHS = ("split", "configurations")
 
@@ -65,13 +64,8 @@ def path_rows(windows=tuple(range(4, 17, 2)), B: int = 12, H: int = 4, T: int = 
     rows = []
     for part in parts:
         for W in windows:
-            steps = {p: window_step(B, H, T, W, p, device, part=part) for p in PATHS}
-            if sync is not None:
-                steps = {p: (lambda fn=fn: (fn(), sync())) for p, fn in steps.items()}
-            # half the rounds in each order, so that neither path always runs right after the other
-            first = interleaved(steps, rounds=(rounds + 1) // 2, warmup=1)
-            second = interleaved(dict(reversed(steps.items())), rounds=rounds // 2, warmup=0) if rounds > 1 else {}
-            split, conf = (statistics.median(first[p] + second.get(p, [])) for p in PATHS)
+            times = both_orders({p: window_step(B, H, T, W, p, device, part=part) for p in PATHS}, rounds, sync)
+            split, conf = (times[p] for p in PATHS)
             rows.append({"part": part, "W": W, "split_s": split, "configurations_s": conf, "ratio": conf / split,
                          "chosen": window_ising.choose_path(W, torch.device(device)),
                          "load": os.getloadavg()[0]})
