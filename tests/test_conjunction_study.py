@@ -47,6 +47,33 @@ def test_the_calibration_runs_only_the_settings_started_then_every_arm():
     assert len(two) == 6 and two[-1].variant.startswith("cj-stickbreaking-b8-d64-steps32000")
 
 
+def test_a_setting_over_the_cost_cap_is_reached_but_not_run_and_the_calibration_moves_on():
+    from boltzmann_attention.experiments.arms import OVER_BUDGET, calibration_note
+
+    d = Decisions(calibration_settings=4, over_budget={"3": ("softmax-rope",)})  # as read from decisions.json
+    variants = [g.variant for g in conjunction_grids("", d)]
+    # setting 3: only the run made before the cap is planned (so archived and reported); setting 4 runs in full
+    assert [v for v in variants if "b8-d128" in v] == ["cj-softmax-rope-b8-d128-steps32000-lr0.001"]
+    assert len(variants) == 10 and all(f"cj-{a}-b4-d64-steps8000-lr0.001" in variants for a in CALIBRATION_ARMS)
+    assert [(i, arms) for i, _, arms in d.started(SETTINGS, CALIBRATION_ARMS)][2:] == \
+        [(3, ("softmax-rope",)), (4, CALIBRATION_ARMS)]
+    assert d.is_over_budget(3) and not d.is_over_budget(4)
+    assert calibration_outcome([0.01, None, None], run=False) == OVER_BUDGET  # its runs' results do not count
+    assert calibration_note(3, OVER_BUDGET, 9, "x") == "Setting 3 does not pass: set CALIBRATION_SETTINGS to 4 in x."
+    assert calibration_note(9, OVER_BUDGET, 9, "x").startswith("No setting passes")
+    for bad in ({"0": ()}, {"10": ()}, {"1": ()}, {"3": ("h-rope",)}, {"x": ()}):
+        with pytest.raises(ValueError, match="OVER_BUDGET entry"):
+            conjunction_grids("", Decisions(calibration_settings=4, chosen=1 if "1" in bad else None,
+                                            over_budget=bad))
+
+
+def test_the_committed_decisions_skip_setting_3_and_keep_its_run_from_before_the_cap():
+    from boltzmann_attention.experiments.studies import conjunction, load_decisions
+
+    d = load_decisions(conjunction)
+    assert d.is_over_budget(3) and not any(d.is_over_budget(i) for i in (1, 2, 4, 5, 6, 7, 8, 9))
+
+
 def test_the_boltzmann_arms_start_at_the_packages_field_bias():
     g = grids.grid("h-rope", SETTINGS[0], 1e-3, (0,))
     cfg = g.runs()[0][1]

@@ -72,6 +72,9 @@ class StagedDecisions:
 
     calibration_settings: int = 1       # how many of the study's settings have been started, in order
     chosen: int | None = None           # the index (from 1) of the setting that passed
+    # settings (from 1, as strings in decisions.json) whose runs would break the study's cost cap: not run, but for
+    # the calibration arms listed, whose runs there were made before the cap (planned, so archived and reported)
+    over_budget: dict[int, tuple[str, ...]] = field(default_factory=dict)
     extra_learning_rates: dict[str, tuple[float, ...]] = field(default_factory=dict)
     diverged: dict[str, tuple[float, ...]] = field(default_factory=dict)
     best_lr: dict[str, float] = field(default_factory=dict)
@@ -86,10 +89,36 @@ class StagedDecisions:
         """Stage 3's arms: the best content arm, its one-step control, static couplings and the best single score."""
         return tuple(a for a in (self.best_content, control, static, self.best_single) if a)
 
+    def started(self, settings: tuple, calibration_arms: tuple[str, ...]) -> list[tuple[int, object, tuple]]:
+        """(index from 1, setting, the calibration arms run there) of every setting the calibration has reached, in
+        order: those up to ``calibration_settings`` (or ``chosen``); at a setting over the cost cap, only the arms
+        that ran there before the cap. ValueError for an over-budget entry that names no setting, the chosen one,
+        or an arm that is not a calibration arm."""
+        over = {}
+        for key, arms in self.over_budget.items():
+            i = int(key) if isinstance(key, str) and key.isdigit() else key
+            if not isinstance(i, int) or not 1 <= i <= len(settings) or i == self.chosen \
+                    or not set(arms) <= set(calibration_arms):
+                raise ValueError(f"OVER_BUDGET entry {key!r}: {list(arms)} must name a setting (1 to {len(settings)}), "
+                                 f"not the chosen one, and calibration arms only ({', '.join(calibration_arms)})")
+            over[i] = tuple(arms)
+        limit = self.calibration_settings if self.chosen is None else self.chosen
+        return [(i, s, over.get(i, calibration_arms)) for i, s in enumerate(settings[:limit], 1)]
 
-def calibration_outcome(errors: list[float | None], solved: float) -> str | None:
+    def is_over_budget(self, index: int) -> bool:
+        """Whether setting ``index`` (from 1) is over the study's cost cap."""
+        return index in self.over_budget or str(index) in self.over_budget
+
+
+OVER_BUDGET = "over the cost cap: skipped"
+
+
+def calibration_outcome(errors: list[float | None], solved: float, run: bool = True) -> str | None:
     """The calibration's rule on its arms' validation errors at one setting: "pass" when the best is at most
-    ``solved``, "next" when every arm has run and none is, None while a run is missing."""
+    ``solved``, "next" when every arm has run and none is, None while a run is missing; :data:`OVER_BUDGET` for a
+    setting that is not run (``run`` False: over the study's cost cap), which the calibration passes over."""
+    if not run:
+        return OVER_BUDGET
     if any(e is None for e in errors):
         return None
     return "pass" if min(errors) <= solved else "next"
@@ -99,9 +128,9 @@ def calibration_note(index: int, outcome: str | None, settings: int, where: str)
     """What the rule asks of the study's decisions after the latest started setting ``index`` (from 1)."""
     if outcome == "pass":
         return f"Setting {index} passes: set CHOSEN to {index} in {where}."
-    if outcome == "next" and index < settings:
+    if outcome in ("next", OVER_BUDGET) and index < settings:
         return f"Setting {index} does not pass: set CALIBRATION_SETTINGS to {index + 1} in {where}."
-    if outcome == "next":
+    if outcome in ("next", OVER_BUDGET):
         return "No setting passes: the study stops here (protocol.md)."
     return None
 
@@ -141,10 +170,11 @@ def staged_profile(grids):
 def calibrated_grids(settings: tuple, d: StagedDecisions, grid, arms, *, calibration_arms: tuple[str, ...],
                      learning_rates: tuple[float, ...], reference_lr: float, tuning_seed: int, seeds: tuple[int, ...],
                      decisive_seeds: tuple[int, ...], control: str, static: str) -> list:
-    """The calibration's runs (``calibration_arms`` at ``reference_lr`` on the tuning seed, at every setting started),
-    then, once a setting is chosen, :func:`stage_grids` at it. ``grid(arm, setting, lr, seeds)`` makes one grid."""
-    started = settings[:d.calibration_settings if d.chosen is None else d.chosen]
-    out = [grid(arm, s, reference_lr, (tuning_seed,)) for s in started for arm in calibration_arms]
+    """The calibration's runs (``calibration_arms`` at ``reference_lr`` on the tuning seed, at every setting started;
+    at one over the cost cap only those made before it), then, once a setting is chosen, :func:`stage_grids` at it.
+    ``grid(arm, setting, lr, seeds)`` makes one grid."""
+    out = [grid(arm, s, reference_lr, (tuning_seed,)) for _, s, run in d.started(settings, calibration_arms)
+           for arm in run]
     if d.chosen is None:
         return out
     s = settings[d.chosen - 1]

@@ -49,9 +49,9 @@ def premise(s: Setting) -> float:
 def decide_calibration(res: Results, d: Decisions) -> list[tuple[Setting, dict[str, float | None], str | None]]:
     """Per started setting: (setting, {arm: validation error or None}, the rule's outcome or None)."""
     out = []
-    for s in SETTINGS[:d.calibration_settings if d.chosen is None else d.chosen]:
+    for i, s, _ in d.started(SETTINGS, CALIBRATION_ARMS):
         errors = {arm: values(res, arm, s, REFERENCE_LR, "error", "val").get(TUNING_SEED) for arm in CALIBRATION_ARMS}
-        out.append((s, errors, calibration_outcome(list(errors.values()))))
+        out.append((s, errors, calibration_outcome(list(errors.values()), run=not d.is_over_budget(i))))
     return out
 
 

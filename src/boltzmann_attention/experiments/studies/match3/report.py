@@ -47,10 +47,10 @@ def _pct(v: float | None) -> str:
 
 def calibration_section(res: Results, d: Decisions) -> list[str]:
     rows, notes = [], []
-    started = SETTINGS[:d.calibration_settings if d.chosen is None else d.chosen]
-    for i, s in enumerate(started):
+    started = d.started(SETTINGS, CALIBRATION_ARMS)
+    for i, (index, s, _) in enumerate(started):
         errors = {arm: values(res, arm, s, REFERENCE_LR, "error", "val").get(TUNING_SEED) for arm in CALIBRATION_ARMS}
-        outcome = calibration_outcome(list(errors.values()))
+        outcome = calibration_outcome(list(errors.values()), run=not d.is_over_budget(index))
         alone, pairs = premise(s)
         rows.append([str(i + 1), str(s.T), str(s.modulus), str(s.d_model), str(s.steps), _pct(alone), _pct(pairs),
                      *(_pct(errors[a]) for a in CALIBRATION_ARMS), outcome or "waiting for runs"])
