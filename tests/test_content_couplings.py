@@ -219,3 +219,21 @@ def test_the_band_form_holds_the_dense_couplings_band_and_solves_the_same(query_
     assert (got - ising.marginals(h, dense, mask=mask, method="reference")).abs().max() < 1e-12
     with pytest.raises(ValueError, match="beyond bandwidth 1"):
         ising.chain.band_marginals(h, ising.chain.Band(band), mask, bandwidth=1)
+
+
+def test_chain_with_a_mask_key_reads_the_lengths_once_and_refuses_the_key_on_another_mask(monkeypatch):
+    from boltzmann_attention.ising import planner
+
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(2, 7, 7, dtype=torch.float64, generator=g)
+    band = torch.randn(2, 7, 7, 2, dtype=torch.float64, generator=g)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    want = ising.chain.band_marginals(h, ising.chain.Band(band), causal)
+    derived, remember = [], planner._remember
+    monkeypatch.setattr(planner, "_remember", lambda *args: derived.append(args[2]) or remember(*args))
+    for _ in range(3):
+        got = ising.chain.band_marginals(h, ising.chain.Band(band), causal, mask_key="test: chain causal 7")
+        assert (got - want).abs().max() < 1e-12
+    assert derived == ["chain lengths"]  # derived once, then remembered
+    with pytest.raises(ValueError, match="was given to masks of different values"):
+        ising.chain.band_marginals(h, ising.chain.Band(band), causal.flip(-1), mask_key="test: chain causal 7")

@@ -71,7 +71,8 @@ SOLVED = {
                          method_options={"window_path": "split"}),
     "window configurations": dict(coupling="window", coupling_window=4, coupling_init_std=0.1,
                                   method_options={"window_path": "configurations"}),
-    # the sequential chain reads each query's chain length on the host; the chunked scan runs every chain to T
+    # the sequential chain reads its chains' lengths from the causal mask once (by its key); the chunked scan never
+    "keys chain": dict(coupling="keys", coupling_range=3, coupling_init_std=0.1, method="chain"),
     "keys chain chunked": dict(coupling="keys", coupling_range=3, coupling_init_std=0.1, method="chain",
                                method_options={"chunk_length": 4}),
 }

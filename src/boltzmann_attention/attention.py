@@ -256,7 +256,7 @@ def _boltzmann(query, key, value, couplings, three_body, mode, method, causal_of
                       ising.toeplitz.Toeplitz(couplings.profile[:, None]), spins_mask,
                       **dict(ising.resolve_method(method).toeplitz_options), **method_options)[0]
         elif isinstance(couplings, ising.chain.Band):  # from content, (B, H, 1 or L, S, w) against (B, H, L, S)
-            m = ising.chain.band_marginals(field, couplings, spins_mask, **method_options)
+            m = ising.chain.band_marginals(field, couplings, spins_mask, mask_key=mask_key, **method_options)
         else:  # (H, 1, S, S) against (B, H, L); content couplings come as (B, H, 1 or L, S, S)
             J = couplings.unsqueeze(1) if couplings is not None and couplings.dim() == 3 else couplings
             K = three_body.unsqueeze(1) if three_body is not None else None

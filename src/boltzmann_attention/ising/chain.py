@@ -25,8 +25,8 @@ first state to its last, a 2^w x 2^w matrix per query, is built for all chunks a
 above run from every start state); alpha and beta are then carried across chunk boundaries by those matrices
 (n/c steps each way), and filled in within all chunks at once (c steps each way). It costs 2^w times the work
 and the memory of the sequential recursion, and runs every query's chain to n (the sequential recursion stops
-each at its last present spin, read on the host), so on a CPU it is slower: the default is the sequential
-recursion (``chunk_length=None``).
+each at its last present spin, which it reads on the host: once per mask key, see ``band_marginals``), so on a
+CPU it is slower: the default is the sequential recursion (``chunk_length=None``).
 
 Options: ``bandwidth`` (w; inferred from J's nonzero entries when None, refused when J is trained),
 ``max_bandwidth`` (default 12), checked by method banded's rule, which reads a dense J on the host and refuses a
@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import banded
+from . import banded, planner
 from ._inputs import check_int
 from .record import Method, keyword_options
 
@@ -63,8 +63,11 @@ class Band(NamedTuple):
 
 
 def band_marginals(h: Tensor, couplings: Band, mask: Tensor | None = None, *, bandwidth: int | None = None,
-                   max_bandwidth: int = MAX_BANDWIDTH, chunk_length: int | None = None) -> Tensor:
-    """:func:`marginals` for couplings in band form: h (..., n), couplings.values (..., n, w), mask (..., n)."""
+                   max_bandwidth: int = MAX_BANDWIDTH, chunk_length: int | None = None,
+                   mask_key: str | None = None) -> Tensor:
+    """:func:`marginals` for couplings in band form: h (..., n), couplings.values (..., n, w), mask (..., n).
+    mask_key: the caller's name for a mask that is the same every call (the layer's causal mask): the chains'
+    lengths are then read from it on the host once, not at every call (``planner.chain_lengths``)."""
     values = couplings.values
     w = values.shape[-1]
     if bandwidth is not None and check_int("bandwidth", bandwidth, 0) < w:
@@ -72,7 +75,7 @@ def band_marginals(h: Tensor, couplings: Band, mask: Tensor | None = None, *, ba
     if w > check_int("max_bandwidth", max_bandwidth, 0):
         raise ValueError(f"bandwidth {w} exceeds max_bandwidth={max_bandwidth} (the chain has 2^w states); raise "
                          "max_bandwidth, or use method='meanfield'")
-    return _run(h, values, mask, True, _chunk_length(chunk_length))
+    return _run(h, values, mask, True, _chunk_length(chunk_length), mask_key)
 
 
 def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
@@ -101,7 +104,8 @@ def _chunk_length(value: int | None) -> int | None:
     return None if value is None else check_int("chunk_length", value, 1)
 
 
-def _run(h: Tensor, band: Tensor | None, mask: Tensor | None, marginals: bool, chunk_length: int | None) -> Tensor:
+def _run(h: Tensor, band: Tensor | None, mask: Tensor | None, marginals: bool, chunk_length: int | None,
+         mask_key: str | None = None) -> Tensor:
     """Marginals or log Z for fields h (..., n) and couplings in band form (..., n, w) or None."""
     n = h.shape[-1]
     w = 0 if band is None else band.shape[-1]
@@ -130,10 +134,7 @@ def _run(h: Tensor, band: Tensor | None, mask: Tensor | None, marginals: bool, c
         lengths, order = [n] * Q, None
         length = torch.full(shape, n, device=field.device)
     else:  # a query's chain stops at its last present spin (a causal mask halves the work); longest first
-        flat = present.reshape(-1, n)
-        length = torch.where(flat.any(-1), n - flat.flip(-1).to(torch.uint8).argmax(-1), 0)
-        order = torch.argsort(length, descending=True, stable=True)
-        lengths = length[order].tolist()  # read on the host: the steps each query takes
+        length, order, lengths = planner.chain_lengths(present.reshape(-1, n), mask_key)  # the steps, on the host
         field, band = field[order], band[order]
     if chunk_length is None:
         m, logz = _recursion(field, band, w, marginals, lengths)

@@ -63,6 +63,19 @@ def present_spins(mask: Tensor, key: str | None = None) -> int:
     return _remember(mask, key, "present", int(mask.sum(-1).max()) if mask.numel() else 0)
 
 
+def chain_lengths(mask: Tensor, key: str | None = None) -> tuple[Tensor, Tensor, list[int]]:
+    """For a (Q, n) mask: each query's chain length (its last present spin + 1; 0 for none), the queries longest
+    first (a stable order), and their lengths in that order as a host list (remembered by mask key: no read after
+    the first)."""
+    found = _remembered(mask, key, "chain lengths")
+    if found is not None:
+        return found
+    n = mask.shape[-1]
+    length = torch.where(mask.any(-1), n - mask.flip(-1).to(torch.uint8).argmax(-1), 0)
+    order = torch.argsort(length, descending=True, stable=True)
+    return _remember(mask, key, "chain lengths", (length, order, length[order].tolist()))
+
+
 def mask_patterns(mask: Tensor, key: str | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Distinct rows (P, n) of a (G, Q, n) mask, the pattern of each query (G, Q), and ``order`` (G, Q)
     sorting each group's queries by pattern when every group has Q / P queries of each (else None).
