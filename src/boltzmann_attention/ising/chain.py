@@ -36,7 +36,6 @@ coupling beyond ``bandwidth`` (couplings in band form, :class:`Band`, need no su
 
 from __future__ import annotations
 
-import bisect
 import math
 from functools import cache
 from typing import NamedTuple
@@ -131,13 +130,13 @@ def _run(h: Tensor, band: Tensor | None, mask: Tensor | None, marginals: bool, c
     field, band = field.reshape(-1, n), band.reshape(-1, n, w)
     Q = field.shape[0]
     if present is None or chunk_length is not None:  # the chunked scan runs every chain to n
-        lengths, order = [n] * Q, None
+        active, order = [Q] * n + [0], None
         length = torch.full(shape, n, device=field.device)
     else:  # a query's chain stops at its last present spin (a causal mask halves the work); longest first
-        length, order, lengths = planner.chain_lengths(present.reshape(-1, n), mask_key)  # the steps, on the host
+        length, order, active = planner.chain_lengths(present.reshape(-1, n), mask_key)  # the steps, on the host
         field, band = field[order], band[order]
     if chunk_length is None:
-        m, logz = _recursion(field, band, w, marginals, lengths)
+        m, logz = _recursion(field, band, w, marginals, active)
     else:
         m, logz = _chunked(field, band, w, marginals, chunk_length)
     if order is not None:
@@ -153,17 +152,17 @@ def _run(h: Tensor, band: Tensor | None, mask: Tensor | None, marginals: bool, c
     return m if present is None else m * present
 
 
-def _recursion(field: Tensor, band: Tensor, w: int, marginals: bool, lengths: list[int]
+def _recursion(field: Tensor, band: Tensor, w: int, marginals: bool, active: list[int]
                ) -> tuple[Tensor | None, Tensor]:
-    """field (Q, n), band (Q, n, w), each query's chain length (non-increasing, at most n) -> (marginals (Q, n) or
-    None, 0 beyond each chain; log Z (Q,) of each chain, including its 2^w virtual start states).
+    """field (Q, n), band (Q, n, w), the queries ordered longest chain first, and ``active[p]``: how many of their
+    chains are longer than p, for p = 0 .. the longest -> (marginals (Q, n) or None, 0 beyond each chain; log Z (Q,)
+    of each chain, including its 2^w virtual start states).
 
     States are numbered by their spins as bits, the newest spin the leading one: x = (s_{p-1}, ..., s_{p-w}) before
     spin p, so the state after it is (s_p, r) with r = x >> 1, and the pairs (r, o) are adjacent entries. At step p
     the queries whose chains reach p are a prefix of the batch: ``active[p]`` of them."""
     Q, n = field.shape
-    steps_run = lengths[0] if lengths else 0
-    active = [bisect.bisect_left([-x for x in lengths], -p) for p in range(steps_run + 1)]  # lengths > p
+    steps_run = len(active) - 1
     local = field[..., None] + band @ _signs(w, field.dtype, field.device).T  # (Q, n, 2^w): the field on s_p
     steps = local.unbind(1)  # one view per spin (indexing local[:, p] would cost a full-size gradient each)
     alpha = [field.new_zeros(Q, 1 << w)]  # the virtual start: weight 1 each

@@ -65,15 +65,17 @@ def present_spins(mask: Tensor, key: str | None = None) -> int:
 
 def chain_lengths(mask: Tensor, key: str | None = None) -> tuple[Tensor, Tensor, list[int]]:
     """For a (Q, n) mask: each query's chain length (its last present spin + 1; 0 for none), the queries longest
-    first (a stable order), and their lengths in that order as a host list (remembered by mask key: no read after
-    the first)."""
+    first (a stable order), and, on the host, how many chains are longer than p for p = 0 .. the longest (the
+    queries a chain's step p runs: a prefix of that order). Remembered by mask key: no read after the first."""
     found = _remembered(mask, key, "chain lengths")
     if found is not None:
         return found
     n = mask.shape[-1]
     length = torch.where(mask.any(-1), n - mask.flip(-1).to(torch.uint8).argmax(-1), 0)
     order = torch.argsort(length, descending=True, stable=True)
-    return _remember(mask, key, "chain lengths", (length, order, length[order].tolist()))
+    longest = int(length.max()) if length.numel() else 0
+    active = (length[:, None] > torch.arange(longest + 1, device=mask.device)).sum(0).tolist()
+    return _remember(mask, key, "chain lengths", (length, order, active))
 
 
 def mask_patterns(mask: Tensor, key: str | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
