@@ -89,25 +89,29 @@ class StagedDecisions:
         """Stage 3's arms: the best content arm, its one-step control, static couplings and the best single score."""
         return tuple(a for a in (self.best_content, control, static, self.best_single) if a)
 
+    def __post_init__(self):  # decisions.json's keys are strings: the settings' indices as ints, once
+        over = {}
+        for key, arms in self.over_budget.items():
+            if not (isinstance(key, int) or isinstance(key, str) and key.isdigit()):
+                raise ValueError(f"OVER_BUDGET entry {key!r}: a key must be a setting's index (from 1)")
+            over[int(key)] = tuple(arms)
+        object.__setattr__(self, "over_budget", over)
+
     def started(self, settings: tuple, calibration_arms: tuple[str, ...]) -> list[tuple[int, object, tuple]]:
         """(index from 1, setting, the calibration arms run there) of every setting the calibration has reached, in
         order: those up to ``calibration_settings`` (or ``chosen``); at a setting over the cost cap, only the arms
         that ran there before the cap. ValueError for an over-budget entry that names no setting, the chosen one,
         or an arm that is not a calibration arm."""
-        over = {}
-        for key, arms in self.over_budget.items():
-            i = int(key) if isinstance(key, str) and key.isdigit() else key
-            if not isinstance(i, int) or not 1 <= i <= len(settings) or i == self.chosen \
-                    or not set(arms) <= set(calibration_arms):
-                raise ValueError(f"OVER_BUDGET entry {key!r}: {list(arms)} must name a setting (1 to {len(settings)}), "
+        for i, arms in self.over_budget.items():
+            if not 1 <= i <= len(settings) or i == self.chosen or not set(arms) <= set(calibration_arms):
+                raise ValueError(f"OVER_BUDGET entry {i}: {list(arms)} must name a setting (1 to {len(settings)}), "
                                  f"not the chosen one, and calibration arms only ({', '.join(calibration_arms)})")
-            over[i] = tuple(arms)
         limit = self.calibration_settings if self.chosen is None else self.chosen
-        return [(i, s, over.get(i, calibration_arms)) for i, s in enumerate(settings[:limit], 1)]
+        return [(i, s, self.over_budget.get(i, calibration_arms)) for i, s in enumerate(settings[:limit], 1)]
 
     def is_over_budget(self, index: int) -> bool:
         """Whether setting ``index`` (from 1) is over the study's cost cap."""
-        return index in self.over_budget or str(index) in self.over_budget
+        return index in self.over_budget
 
 
 OVER_BUDGET = "over the cost cap: skipped"
