@@ -11,7 +11,7 @@ import torch
 
 from boltzmann_attention.experiments.report import ReportContext
 from boltzmann_attention.experiments.results import Results, load_runs
-from boltzmann_attention.experiments.staged_report import WAITING, stages_section
+from boltzmann_attention.experiments.staged_report import STOPPED, WAITING, stages_section
 from boltzmann_attention.experiments.tasks import match3
 from boltzmann_attention.experiments.tasks.record import accuracy_metrics
 
@@ -29,11 +29,11 @@ def _study(name):
             importlib.import_module(f"boltzmann_attention.experiments.studies.{name}.report"))
 
 
-def _write(root, G, arm, errors, *, val_error=None, val_loss=1.0, reach=None, uncoupled=None, lr=1e-3):
-    """Result JSONs of ``arm`` at setting 1 and ``lr`` for {seed: test error}: the validation error ``val_error``
-    (default the test error) and loss; ``reach`` {seed: the first evaluation step with validation error 0.04
-    (the others at 0.5), None: never}; the coupled arms' analysis with J = 0 test error ``uncoupled`` {seed}."""
-    s = G.SETTINGS[0]
+def _write(root, G, arm, errors, *, val_error=None, val_loss=1.0, reach=None, uncoupled=None, lr=1e-3, setting=1):
+    """Result JSONs of ``arm`` at ``setting`` (from 1) and ``lr`` for {seed: test error}: the validation error
+    ``val_error`` (default the test error) and loss; ``reach`` {seed: the first evaluation step with validation
+    error 0.04 (the others at 0.5), None: never}; the coupled arms' analysis with J = 0 test error ``uncoupled``."""
+    s = G.SETTINGS[setting - 1]
     task = G.grid(arm, s, lr, tuple(errors))
     for name, cfg in task.runs():
         e = errors[cfg.seed]
@@ -146,6 +146,27 @@ def test_the_reports_wire_the_stages_after_the_calibration(tmp_path):
         assert chosen.index("## Calibration") < chosen.index("## Stage 1: learning rates") and WAITING not in chosen
         waiting = R.report(res, ReportContext(tmp_path, tmp_path / "out", G.Decisions(), "# T\n"))
         assert WAITING in waiting and "## Stage 1: learning rates" not in waiting
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_a_calibration_that_runs_out_stops_the_study(study, tmp_path):
+    G, R = _study(study)
+    last = len(G.SETTINGS)
+    for index in range(1, last + 1):
+        for arm in G.CALIBRATION_ARMS:
+            _write(tmp_path, G, arm, {G.TUNING_SEED: 0.5}, setting=index, val_error=0.06 if index == last else 0.5)
+
+    def text(d):
+        res = Results(load_runs(tmp_path))
+        return "\n".join(R.report(res, ReportContext(tmp_path, tmp_path / "out", d, "# T\n")))
+
+    stopped = text(G.Decisions(calibration_settings=last))  # 6% at the last setting: just above the 5% bar
+    assert "No setting passes: the study stops here" in stopped and STOPPED in stopped and WAITING not in stopped
+    before = text(G.Decisions(calibration_settings=last - 1))
+    assert f"set CALIBRATION_SETTINGS to {last}" in before and WAITING in before and STOPPED not in before
+    _write(tmp_path, G, G.CALIBRATION_ARMS[0], {G.TUNING_SEED: 0.5}, setting=last, val_error=0.05)  # at the bar
+    passed = text(G.Decisions(calibration_settings=last))
+    assert f"Setting {last} passes: set CHOSEN to {last}" in passed and STOPPED not in passed
 
 
 @pytest.mark.parametrize("study", STUDIES)

@@ -128,14 +128,20 @@ def calibration_outcome(errors: list[float | None], solved: float, run: bool = T
     return "pass" if min(errors) <= solved else "next"
 
 
+def calibration_stopped(index: int, outcome: str | None, settings: int) -> bool:
+    """Whether the calibration has run out: the latest started setting ``index`` (from 1) is the last of
+    ``settings`` and does not pass, so the study stops without its stages."""
+    return index == settings and outcome in ("next", OVER_BUDGET)
+
+
 def calibration_note(index: int, outcome: str | None, settings: int, where: str) -> str | None:
     """What the rule asks of the study's decisions after the latest started setting ``index`` (from 1)."""
     if outcome == "pass":
         return f"Setting {index} passes: set CHOSEN to {index} in {where}."
-    if outcome in ("next", OVER_BUDGET) and index < settings:
-        return f"Setting {index} does not pass: set CALIBRATION_SETTINGS to {index + 1} in {where}."
-    if outcome in ("next", OVER_BUDGET):
+    if calibration_stopped(index, outcome, settings):
         return "No setting passes: the study stops here (protocol.md)."
+    if outcome in ("next", OVER_BUDGET):
+        return f"Setting {index} does not pass: set CALIBRATION_SETTINGS to {index + 1} in {where}."
     return None
 
 

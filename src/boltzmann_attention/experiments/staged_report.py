@@ -29,6 +29,8 @@ from .stats import Paired, equivalence_verdict, holm, paired, point_difference, 
 from .tables import fmt_interval, fmt_num, md_table, table_with_holm
 
 WAITING = "The stages wait for the calibration: no setting is chosen yet (CHOSEN in decisions.json)."
+STOPPED = ("The stages do not run: no calibration setting passed, so no arm beyond the calibration's is run and "
+           "the comparison of the couplings is not made (protocol.md).")
 CONCLUSIONS = ("Content couplings beat single scores", "Content beats position", "It is Ising inference")
 
 
@@ -309,14 +311,18 @@ def stages_section(res: Results, d: StagedDecisions, st: Staged) -> list[str]:
             + coupled_section(res, d, st))
 
 
-__all__ = ["CONCLUSIONS", "WAITING", "Staged", "best_arm", "comparisons", "decides_nothing", "stages_section",
+__all__ = ["CONCLUSIONS", "STOPPED", "WAITING", "Staged", "best_arm", "comparisons", "decides_nothing", "stages_section",
            "steps_to"]
 
 
-def study_report(res: Results, context: ReportContext, calibration: list[str], staged: Callable, settings: tuple
-                 ) -> list[str]:
-    """A calibrated study's report: the header, the protocol's opening, its ``calibration`` section, then the stages
-    at the chosen setting (``staged(setting)``: its :class:`Staged`), or that they wait for the calibration."""
+def study_report(res: Results, context: ReportContext, calibration: tuple[list[str], bool], staged: Callable,
+                 settings: tuple) -> list[str]:
+    """A calibrated study's report: the header, the protocol's opening, its ``calibration`` section (its lines, and
+    whether the calibration stopped the study), then the stages at the chosen setting (``staged(setting)``: its
+    :class:`Staged`), or that they wait for the calibration, or that they do not run."""
     d = context.decisions
-    lines = header_section(res, context.results_dir) + [protocol_sections(context.protocol)[""], ""] + calibration
-    return lines + (stages_section(res, d, staged(settings[d.chosen - 1])) if d.chosen else [WAITING, ""])
+    section, stopped = calibration
+    lines = header_section(res, context.results_dir) + [protocol_sections(context.protocol)[""], ""] + section
+    if d.chosen:
+        return lines + stages_section(res, d, staged(settings[d.chosen - 1]))
+    return lines + [STOPPED if stopped else WAITING, ""]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ... import blocks
-from ...arms import calibration_note
+from ...arms import calibration_note, calibration_stopped
 from ...conjunction import ANALYSIS
 from ...report import ReportContext, every_run_is
 from ...results import Results
@@ -59,8 +59,9 @@ def _pct(v: float | None) -> str:
     return fmt_num(None if v is None else 100 * v, 1)
 
 
-def calibration_section(res: Results, d: Decisions) -> list[str]:
-    rows, notes = [], []
+def calibration_section(res: Results, d: Decisions) -> tuple[list[str], bool]:
+    """The calibration's table and the rule's note, and whether the calibration stopped the study."""
+    rows, notes, stopped = [], [], False
     decided = decide_calibration(res, d)
     for i, (s, errors, outcome) in enumerate(decided):
         classes = []
@@ -73,6 +74,7 @@ def calibration_section(res: Results, d: Decisions) -> list[str]:
         if i == len(decided) - 1 and d.chosen is None:
             note = calibration_note(i + 1, outcome, len(SETTINGS), WHERE)
             notes += [note] if note else []
+            stopped = calibration_stopped(i + 1, outcome, len(SETTINGS))
     header = ["setting", "blocks", "T", "d_model", "steps", "conjunction needed %",
               *(f"{a} error" for a in CALIBRATION_ARMS), *(f"{a}: decoy/other/none" for a in CALIBRATION_ARMS),
               "rule"]
@@ -81,7 +83,7 @@ def calibration_section(res: Results, d: Decisions) -> list[str]:
             "its split by what a wrong answer picked (a decoy block holding one query letter, another block, no "
             "marker of the sequence); the share of validation and test sequences that need both letters, by brute "
             f"force; the rule: pass when the best arm's error is at most {100 * SOLVED:g}% (protocol.md).", "",
-            md_table(header, rows), ""] + ([" ".join(notes), ""] if notes else [])
+            md_table(header, rows), ""] + ([" ".join(notes), ""] if notes else []), stopped
 
 
 def staged(s: Setting) -> Staged:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...arms import calibration_note
+from ...arms import calibration_note, calibration_stopped
 from ...conjunction import MATCH3
 from ...report import ReportContext, every_run_is
 from ...results import Results
@@ -45,8 +45,9 @@ def _pct(v: float | None) -> str:
     return fmt_num(None if v is None else 100 * v, 1)
 
 
-def calibration_section(res: Results, d: Decisions) -> list[str]:
-    rows, notes = [], []
+def calibration_section(res: Results, d: Decisions) -> tuple[list[str], bool]:
+    """The calibration's table and the rule's note, and whether the calibration stopped the study."""
+    rows, notes, stopped = [], [], False
     started = d.started(SETTINGS, CALIBRATION_ARMS)
     for i, (index, s, _) in enumerate(started):
         errors = {arm: values(res, arm, s, REFERENCE_LR, "error", "val").get(TUNING_SEED) for arm in CALIBRATION_ARMS}
@@ -57,13 +58,14 @@ def calibration_section(res: Results, d: Decisions) -> list[str]:
         if i == len(started) - 1 and d.chosen is None:
             note = calibration_note(i + 1, outcome, len(SETTINGS), WHERE)
             notes += [note] if note else []
+            stopped = calibration_stopped(i + 1, outcome, len(SETTINGS))
     header = ["setting", "T", "modulus", "d_model", "steps", "query alone %", "query + one key %",
               *(f"{a} error" for a in CALIBRATION_ARMS), "rule"]
     return ["## Calibration", "",
             f"{', '.join(CALIBRATION_ARMS)} at lr {REFERENCE_LR:g}, seed {TUNING_SEED}; validation error in % (chance "
             "50); the premise: test accuracy of the best rule from the query's residue alone, and from the query and "
             f"any one key (chance 50); the rule: pass when the best arm's error is at most {100 * SOLVED:g}% "
-            "(protocol.md).", "", md_table(header, rows), ""] + ([" ".join(notes), ""] if notes else [])
+            "(protocol.md).", "", md_table(header, rows), ""] + ([" ".join(notes), ""] if notes else []), stopped
 
 
 def staged(s: Setting) -> Staged:
