@@ -311,8 +311,8 @@ def stages_section(res: Results, d: StagedDecisions, st: Staged) -> list[str]:
             + coupled_section(res, d, st))
 
 
-__all__ = ["CONCLUSIONS", "STOPPED", "WAITING", "Staged", "best_arm", "comparisons", "decides_nothing", "stages_section",
-           "steps_to"]
+__all__ = ["CONCLUSIONS", "STOPPED", "WAITING", "Staged", "best_arm", "comparisons", "decides_nothing",
+           "stages_section", "steps_to"]
 
 
 def study_report(res: Results, context: ReportContext, calibration: tuple[list[str], bool], staged: Callable,
