@@ -29,8 +29,7 @@ from .stats import Paired, equivalence_verdict, holm, paired, point_difference, 
 from .tables import fmt_interval, fmt_num, md_table, table_with_holm
 
 WAITING = "The stages wait for the calibration: no setting is chosen yet (CHOSEN in decisions.json)."
-STOPPED = ("The stages do not run: no calibration setting passed, so no arm beyond the calibration's is run and "
-           "the comparison of the couplings is not made (protocol.md).")
+STOPPED = "The stages do not run: no calibration setting passed (protocol.md)."
 CONCLUSIONS = ("Content couplings beat single scores", "Content beats position", "It is Ising inference")
 
 

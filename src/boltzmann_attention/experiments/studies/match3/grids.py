@@ -77,9 +77,48 @@ CONTENT = ("keys", "query")
 CONTROL, STATIC = "keys-step", "relative"
 
 
-Decisions = StagedDecisions  # decisions.json: the calibration's progress and the stages' choices
+# the probe (protocol.md): the coupled arms at a setting where the calibration's arms fail, once it has run out
+PROBE_SETTING = 5        # index (from 1) in SETTINGS
+PROBE_ARMS = ("h-rope", "relative", "keys", "keys-step", "query", "query-step")
+PROBE_ONLY = {"query-step": Arm("query-step", "h+J-step", _ROPE + (("coupling", "query"),) + _CONTENT)}
+PROBE_CONTROLS = {"keys": "keys-step", "query": "query-step"}  # each content arm's one-step control
+PROBE_CONFIRM_SEEDS = (1, 2)
+OFF_CHANCE = 0.45        # a probe arm's validation error below this is off chance: the probe's next step runs
+
+
+@dataclass(frozen=True)
+class Decisions(StagedDecisions):
+    """decisions.json: the calibration's progress and the stages' choices, and the probe's two steps."""
+
+    probe: bool = False          # the probe's runs on the tuning seed (once the calibration has run out)
+    probe_confirm: bool = False  # its second step (some probe arm off chance): more seeds, the baselines' lrs
+
+    def __post_init__(self):
+        super().__post_init__()
+        ran_out = self.chosen is None and self.calibration_settings == len(SETTINGS)
+        if (self.probe or self.probe_confirm) and not ran_out:
+            raise ValueError(f"PROBE needs the calibration to have run out (CALIBRATION_SETTINGS {len(SETTINGS)}, "
+                             "no CHOSEN): the probe asks which arm learns Match3 where no calibration arm does")
+        if self.probe_confirm and not self.probe:
+            raise ValueError("PROBE_CONFIRM needs PROBE: the probe's second step follows its first")
+
+
 
 
 variant = partial(staged_variant, PREFIX)  # (arm, setting, lr) -> the variant's name
-grid = partial(staged_grid, "match3", PREFIX, MATCH3, ARMS)  # (arm, setting, lr, seeds) -> one Grid
+grid = partial(staged_grid, "match3", PREFIX, MATCH3, {**ARMS, **PROBE_ONLY})  # (arm, setting, lr, seeds) -> a Grid
 calibration_outcome = partial(staged_outcome, solved=SOLVED)  # the calibration's rule with this study's bar
+
+
+def probe_grids(d: Decisions) -> list:
+    """The probe's runs (protocol.md): the probe arms on the tuning seed at the reference lr; with its second step,
+    the probe and calibration arms on more seeds and the calibration arms and h-rope at the other lrs."""
+    if not d.probe:
+        return []
+    s = SETTINGS[PROBE_SETTING - 1]
+    out = [grid(arm, s, REFERENCE_LR, (TUNING_SEED,)) for arm in PROBE_ARMS]
+    if d.probe_confirm:
+        out += [grid(arm, s, REFERENCE_LR, PROBE_CONFIRM_SEEDS) for arm in PROBE_ARMS + CALIBRATION_ARMS]
+        out += [grid(arm, s, lr, (TUNING_SEED,)) for arm in CALIBRATION_ARMS + ("h-rope",)
+                for lr in LEARNING_RATES if lr != REFERENCE_LR]
+    return out

@@ -1,19 +1,30 @@
-"""The Match3 study's rules applied to its runs, and its report: the calibration, then the stages."""
+"""The Match3 study's rules applied to its runs, and its report: the calibration, then the stages, or the probe
+once the calibration has run out."""
 
 from __future__ import annotations
+
+import statistics
 
 from ...arms import calibration_note, calibration_stopped
 from ...conjunction import MATCH3
 from ...report import ReportContext, every_run_is
 from ...results import Results
 from ...staged_report import Staged, from_grids, study_report
-from ...tables import fmt_num, md_table
+from ...stats import holm, point_difference
+from ...tables import fmt_interval, fmt_num, md_table
 from ...tasks import match3
 from . import grids
 from .grids import (
     ARMS,
     CALIBRATION_ARMS,
+    LEARNING_RATES,
+    OFF_CHANCE,
     PREFIX,
+    PROBE_ARMS,
+    PROBE_CONFIRM_SEEDS,
+    PROBE_CONTROLS,
+    PROBE_ONLY,
+    PROBE_SETTING,
     REFERENCE_LR,
     SETTINGS,
     SOLVED,
@@ -33,7 +44,7 @@ def owns(res: Results) -> bool:
 
 
 def values(res: Results, arm: str, s: Setting, lr: float, metric: str, split: str) -> dict[int, float]:
-    return ARMS[arm].values(res, "match3", variant(arm, s, lr), s.T, metric, split)
+    return {**ARMS, **PROBE_ONLY}[arm].values(res, "match3", variant(arm, s, lr), s.T, metric, split)
 
 
 def premise(s: Setting) -> tuple[float, float]:
@@ -74,5 +85,106 @@ def staged(s: Setting) -> Staged:
     return from_grids(grids, "match3", s, class_metrics=classes, analysis=MATCH3.name, where=WHERE)
 
 
+def probe_outcome(res: Results) -> str | None:
+    """The probe's first step by its rule: "confirm" when some probe arm's validation error on the tuning seed is
+    below OFF_CHANCE, "ends" when none is and all have run, None while a run is missing."""
+    s = SETTINGS[PROBE_SETTING - 1]
+    errors = [values(res, arm, s, REFERENCE_LR, "error", "val").get(TUNING_SEED) for arm in PROBE_ARMS]
+    if any(e is not None and e < OFF_CHANCE for e in errors):
+        return "confirm"
+    return None if None in errors else "ends"
+
+
+def _analysis(res: Results, arm: str, s: Setting) -> dict[int, dict]:
+    g = {**ARMS, **PROBE_ONLY}[arm].group(res, "match3", variant(arm, s, REFERENCE_LR), s.T)
+    return {seed: r.raw[MATCH3.name] for seed, r in (g.runs.items() if g else ()) if r.raw.get(MATCH3.name)}
+
+
+def probe_section(res: Results, d: Decisions) -> list[str]:
+    """The probe (protocol.md): every arm at its setting, the rule's note, and with its second step the other
+    learning rates and the paired comparisons of the best content arm."""
+    if not d.probe:
+        return []
+    s = SETTINGS[PROBE_SETTING - 1]
+    seeds = (TUNING_SEED, *PROBE_CONFIRM_SEEDS) if d.probe_confirm else (TUNING_SEED,)
+    rows, signs = [], []
+    for arm in CALIBRATION_ARMS + PROBE_ARMS:
+        val, test = (values(res, arm, s, REFERENCE_LR, "error", split) for split in ("val", "test"))
+        found = _analysis(res, arm, s)
+        uncoupled = [x["uncoupled"]["test"]["error"] for x in found.values()]
+        rows.append([arm, " / ".join(_pct(val.get(x)) for x in seeds), " / ".join(_pct(test.get(x)) for x in seeds),
+                     _pct(statistics.mean(test.values())) if test else "",
+                     _pct(statistics.mean(uncoupled)) if uncoupled else ""])
+        for layer in range(len(next(iter(found.values()))["pair"]) if found else 0):
+            pairs = [x["pair"][layer] for x in found.values()]
+            pooled = [statistics.mean(v for p in pairs for v in p[k]) for k in ("mean", "positive", "negative")]
+            signs.append([arm, str(layer), fmt_num(pooled[0], 4), _pct(pooled[1]), _pct(pooled[2])])
+    outcome = probe_outcome(res)
+    note = {"confirm": f"A probe arm is off chance (validation error below {100 * OFF_CHANCE:g}%): set PROBE_CONFIRM "
+                       f"to true in {WHERE}.",
+            "ends": f"No probe arm is off chance (validation error below {100 * OFF_CHANCE:g}%): the study ends "
+                    "here; none of its arms learns Match3 at this setting (protocol.md).",
+            None: "Waiting for the probe's runs."}[outcome]
+    if d.probe_confirm and outcome == "ends":
+        note += " PROBE_CONFIRM is set, but the rule does not ask for it."
+    lines = ["## Probe: the coupled arms where the calibration's arms fail", "",
+             f"Setting {PROBE_SETTING} (T = {s.T}, M = {s.modulus}, d_model {s.d_model}, {s.steps} steps), lr "
+             f"{REFERENCE_LR:g}; error in % per seed ({', '.join(map(str, seeds))}); the test error with every coupled "
+             f"layer at J = 0 at evaluation, mean over seeds (protocol.md).", "",
+             md_table(["arm", "validation error % per seed", "test error % per seed", "mean test error %",
+                       "with J = 0 %"], rows), "", note, ""]
+    if signs:
+        lines += ["The coupling J between the first answering pair of keys at the answer query, per layer, over the "
+                  "positive test sequences, heads and seeds: its mean, and the shares in % where it is positive "
+                  "(the pair attended together) and negative. They describe the mechanism; they decide nothing.", "",
+                  md_table(["arm", "layer", "mean J", "positive %", "negative %"], signs), ""]
+    return lines + (probe_confirm_section(res, seeds) if d.probe_confirm else [])
+
+
+def probe_confirm_section(res: Results, seeds: tuple[int, ...]) -> list[str]:
+    s = SETTINGS[PROBE_SETTING - 1]
+    other_lrs = [lr for lr in LEARNING_RATES if lr != REFERENCE_LR]
+    rows, learns_elsewhere = [], []
+    for arm in CALIBRATION_ARMS + ("h-rope",):
+        cells = []
+        for lr in other_lrs:
+            val = values(res, arm, s, lr, "error", "val").get(TUNING_SEED)
+            cells.append(_pct(val))
+            if val is not None and val <= SOLVED:
+                learns_elsewhere.append(f"{arm} at lr {lr:g}")
+        rows.append([arm, *cells])
+    lines = [f"Second step: the calibration arms and h-rope at the other learning rates, seed {TUNING_SEED}, "
+             "validation error in %.", "", md_table(["arm", *(f"lr {lr:g}" for lr in other_lrs)], rows), ""]
+
+    def mean_val(arm: str) -> float | None:
+        v = values(res, arm, s, REFERENCE_LR, "error", "val")
+        return statistics.mean(v[x] for x in seeds) if all(x in v for x in seeds) else None
+
+    content = {a: mean_val(a) for a in PROBE_CONTROLS}
+    field = {a: mean_val(a) for a in CALIBRATION_ARMS}
+    if None in content.values() or None in field.values():
+        return lines + ["The comparison waits for the second step's runs.", ""]
+    best = min(content, key=content.get)
+    others = ("h-rope", "relative", PROBE_CONTROLS[best], min(field, key=field.get))
+    errors = {a: values(res, a, s, REFERENCE_LR, "error", "test") for a in (best, *others)}
+    if any(not all(x in errors[a] for x in seeds) for a in errors):
+        return lines + ["The comparison waits for the second step's runs.", ""]
+    diffs = [point_difference({x: errors[best][x] for x in seeds}, {x: errors[a][x] for x in seeds}) for a in others]
+    survives = holm([c.p for c in diffs])
+    table = [[f"{a} − {best}", fmt_interval(c, holm_survives=ok)] for a, c, ok in zip(others, diffs, survives)]
+    mean = statistics.mean(errors[best][x] for x in seeds)
+    learns = mean <= SOLVED and all(c.mean > 0 and ok for c, ok in zip(diffs, survives)) and not learns_elsewhere
+    why = [*([f"mean test error {_pct(mean)}%, above {100 * SOLVED:g}%"] if mean > SOLVED else []),
+           *(f"{a}: not positive after Holm" for a, c, ok in zip(others, diffs, survives) if not (c.mean > 0 and ok)),
+           *(f"{x} learns" for x in learns_elsewhere)]
+    verdict = (f"**Content couplings learn Match3 where the others do not**: {'yes' if learns else 'no'} ({best}"
+               + (f"; {'; '.join(why)})." if why else ")."))
+    return lines + [f"The best content arm is {best} (the lower mean validation error over seeds "
+                    f"{', '.join(map(str, seeds))}). Test error in points, each arm minus {best}, paired over those "
+                    "seeds; 95% t interval, `*` p < 0.05, `**` also after Holm over the four (protocol.md).", "",
+                    md_table(["pair", "Δ points [95%]"], table), "", verdict, ""]
+
+
 def report(res: Results, context: ReportContext) -> list[str]:
-    return study_report(res, context, calibration_section(res, context.decisions), staged, SETTINGS)
+    d = context.decisions
+    return study_report(res, context, calibration_section(res, d), staged, SETTINGS) + probe_section(res, d)
