@@ -53,7 +53,8 @@ def test_the_decisions_load_and_the_profile_is_registered():
     d = load_decisions(study)
     assert isinstance(d, grids.Decisions) and d.chosen is None
     assert "match3" in study.PROFILES and study.HELP["match3"]
-    assert len(profile("match3", DEFAULT_FIELD_BIAS)) == len(grids.CALIBRATION_ARMS) * d.calibration_settings
+    probe = len(grids.PROBE_ARMS) if d.probe else 0
+    assert len(profile("match3", DEFAULT_FIELD_BIAS)) == len(grids.CALIBRATION_ARMS) * d.calibration_settings + probe
 
 
 RAN_OUT = len(grids.SETTINGS)

@@ -161,7 +161,7 @@ def test_a_calibration_that_runs_out_stops_the_study(study, tmp_path):
         return "\n".join(R.report(res, ReportContext(tmp_path, tmp_path / "out", d, "# T\n")))
 
     stopped = text(G.Decisions(calibration_settings=last))  # 6% at the last setting: just above the 5% bar
-    assert "No setting passes: the study stops here" in stopped and STOPPED in stopped and WAITING not in stopped
+    assert "No setting passes: the calibration has run out" in stopped and STOPPED in stopped and WAITING not in stopped
     before = text(G.Decisions(calibration_settings=last - 1))
     assert f"set CALIBRATION_SETTINGS to {last}" in before and WAITING in before and STOPPED not in before
     _write(tmp_path, G, G.CALIBRATION_ARMS[0], {G.TUNING_SEED: 0.5}, setting=last, val_error=0.05)  # at the bar

@@ -139,7 +139,7 @@ def calibration_note(index: int, outcome: str | None, settings: int, where: str)
     if outcome == "pass":
         return f"Setting {index} passes: set CHOSEN to {index} in {where}."
     if calibration_stopped(index, outcome, settings):
-        return "No setting passes: the study stops here (protocol.md)."
+        return "No setting passes: the calibration has run out (protocol.md)."
     if outcome in ("next", OVER_BUDGET):
         return f"Setting {index} does not pass: set CALIBRATION_SETTINGS to {index + 1} in {where}."
     return None
