@@ -414,9 +414,13 @@ def test_profile_step_configs_under_replaced_decisions():
     a decision, or a study without decisions, is refused by name."""
     from boltzmann_attention.experiments.studies.match3 import grids
 
-    chosen = training.profile_step_configs("match3", "T12-d64-steps32000", '{"CHOSEN": 2}')
+    chosen = training.profile_step_configs("match3", "T12-d64-steps32000", '{"CHOSEN": 2, "PROBE": false}')
     assert len(chosen) == len(grids.ARMS) and all(f"-m3-{arm}-T12-" in " ".join(chosen) for arm in grids.ARMS)
-    calibrating = training.profile_step_configs("match3", None, '{"CHOSEN": null, "CALIBRATION_SETTINGS": 1}')
+    probe = training.profile_step_configs("match3", "T8-d64-steps32000",
+                                          '{"CHOSEN": null, "CALIBRATION_SETTINGS": 6, "PROBE": true}')
+    assert [name.split("-m3-")[1].split("-T8-")[0] for name in probe] == [*grids.CALIBRATION_ARMS, *grids.PROBE_ARMS]
+    calibrating = training.profile_step_configs("match3", None,
+                                                '{"CHOSEN": null, "CALIBRATION_SETTINGS": 1, "PROBE": false}')
     assert [name.split("-m3-")[1].split("-T12-")[0] for name in calibrating] == list(grids.CALIBRATION_ARMS)
     with pytest.raises(ValueError, match=r"unknown decisions \['NOPE'\].*CHOSEN"):
         training.profile_step_configs("match3", None, '{"NOPE": 1}')
