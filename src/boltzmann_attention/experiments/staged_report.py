@@ -272,6 +272,20 @@ def _pooled(pairs: list[dict], key: str) -> float:
     return statistics.mean(v for p in pairs for v in p[key])
 
 
+SIGN_HEADER = ["arm", "layer", "mean J", "positive %", "negative %", "within range %"]
+
+
+def sign_rows(arm: str, found: dict[int, dict]) -> list[list[str]]:
+    """Per layer, the coupling between the answering pair pooled over the arm's analysis records ``found`` ({seed:
+    record}): the rows of :data:`SIGN_HEADER`."""
+    rows = []
+    for layer in range(len(next(iter(found.values()))["pair"]) if found else 0):
+        pairs = [x["pair"][layer] for x in found.values()]
+        rows.append([arm, str(layer), fmt_num(_pooled(pairs, "mean"), 4), _pct(_pooled(pairs, "positive")),
+                     _pct(_pooled(pairs, "negative")), _pct(statistics.mean(p["within_range"] for p in pairs))])
+    return rows
+
+
 def coupled_section(res: Results, d: StagedDecisions, st: Staged) -> list[str]:
     errors, signs = [], []
     for arm in (a for a, x in st.arms.items() if x.coupled):
@@ -285,10 +299,7 @@ def coupled_section(res: Results, d: StagedDecisions, st: Staged) -> list[str]:
         c = point_difference(coupled, uncoupled)
         errors.append([arm, str(len(found)), _pct(statistics.mean(coupled.values())),
                        _pct(statistics.mean(uncoupled.values())), fmt_interval(c)])
-        for layer in range(len(next(iter(found.values()))["pair"])):
-            pairs = [x["pair"][layer] for x in found.values()]
-            signs.append([arm, str(layer), fmt_num(_pooled(pairs, "mean"), 4), _pct(_pooled(pairs, "positive")),
-                          _pct(_pooled(pairs, "negative")), _pct(statistics.mean(p["within_range"] for p in pairs))])
+        signs += sign_rows(arm, found)
     lines = ["## The coupled arms: J = 0 at evaluation, and the sign between the answering pair", "",
              "At each arm's lr over its seeds: the test error in % of the trained model, and of the same model with "
              "every coupled layer made sigmoid attention on its own fields (J = 0 at evaluation); their difference "
@@ -300,7 +311,7 @@ def coupled_section(res: Results, d: StagedDecisions, st: Staged) -> list[str]:
                   "(ferromagnetic: the pair attended together, the sign that would solve the task) and negative, "
                   "and where the couplings reach the pair at all. These describe the mechanism; they decide "
                   "nothing.", "",
-                  md_table(["arm", "layer", "mean J", "positive %", "negative %", "within range %"], signs), ""]
+                  md_table(SIGN_HEADER, signs), ""]
     return lines
 
 
@@ -310,8 +321,8 @@ def stages_section(res: Results, d: StagedDecisions, st: Staged) -> list[str]:
             + coupled_section(res, d, st))
 
 
-__all__ = ["CONCLUSIONS", "STOPPED", "WAITING", "Staged", "best_arm", "comparisons", "decides_nothing",
-           "stages_section", "steps_to"]
+__all__ = ["CONCLUSIONS", "SIGN_HEADER", "STOPPED", "WAITING", "Staged", "best_arm", "comparisons",
+           "decides_nothing", "sign_rows", "stages_section", "steps_to"]
 
 
 def study_report(res: Results, context: ReportContext, calibration: tuple[list[str], bool], staged: Callable,

@@ -81,6 +81,7 @@ CONTROL, STATIC = "keys-step", "relative"
 PROBE_SETTING = 5        # index (from 1) in SETTINGS
 PROBE_ARMS = ("h-rope", "relative", "keys", "keys-step", "query", "query-step")
 PROBE_ONLY = {"query-step": Arm("query-step", "h+J-step", _ROPE + (("coupling", "query"),) + _CONTENT)}
+ALL_ARMS = {**ARMS, **PROBE_ONLY}  # the stages' arms and the probe's
 PROBE_CONTROLS = {"keys": "keys-step", "query": "query-step"}  # each content arm's one-step control
 PROBE_CONFIRM_SEEDS = (1, 2)
 OFF_CHANCE = 0.45        # a probe arm's validation error below this is off chance: the probe's next step runs
@@ -106,7 +107,7 @@ class Decisions(StagedDecisions):
 
 
 variant = partial(staged_variant, PREFIX)  # (arm, setting, lr) -> the variant's name
-grid = partial(staged_grid, "match3", PREFIX, MATCH3, {**ARMS, **PROBE_ONLY})  # (arm, setting, lr, seeds) -> a Grid
+grid = partial(staged_grid, "match3", PREFIX, MATCH3, ALL_ARMS)  # (arm, setting, lr, seeds) -> a Grid
 calibration_outcome = partial(staged_outcome, solved=SOLVED)  # the calibration's rule with this study's bar
 
 

@@ -9,13 +9,13 @@ from ...arms import calibration_note, calibration_stopped
 from ...conjunction import MATCH3
 from ...report import ReportContext, every_run_is
 from ...results import Results
-from ...staged_report import Staged, from_grids, study_report
+from ...staged_report import SIGN_HEADER, Staged, from_grids, sign_rows, study_report
 from ...stats import holm, point_difference
 from ...tables import fmt_interval, fmt_num, md_table
 from ...tasks import match3
 from . import grids
 from .grids import (
-    ARMS,
+    ALL_ARMS,
     CALIBRATION_ARMS,
     LEARNING_RATES,
     OFF_CHANCE,
@@ -23,7 +23,6 @@ from .grids import (
     PROBE_ARMS,
     PROBE_CONFIRM_SEEDS,
     PROBE_CONTROLS,
-    PROBE_ONLY,
     PROBE_SETTING,
     REFERENCE_LR,
     SETTINGS,
@@ -44,7 +43,7 @@ def owns(res: Results) -> bool:
 
 
 def values(res: Results, arm: str, s: Setting, lr: float, metric: str, split: str) -> dict[int, float]:
-    return {**ARMS, **PROBE_ONLY}[arm].values(res, "match3", variant(arm, s, lr), s.T, metric, split)
+    return ALL_ARMS[arm].values(res, "match3", variant(arm, s, lr), s.T, metric, split)
 
 
 def premise(s: Setting) -> tuple[float, float]:
@@ -96,7 +95,7 @@ def probe_outcome(res: Results) -> str | None:
 
 
 def _analysis(res: Results, arm: str, s: Setting) -> dict[int, dict]:
-    g = {**ARMS, **PROBE_ONLY}[arm].group(res, "match3", variant(arm, s, REFERENCE_LR), s.T)
+    g = ALL_ARMS[arm].group(res, "match3", variant(arm, s, REFERENCE_LR), s.T)
     return {seed: r.raw[MATCH3.name] for seed, r in (g.runs.items() if g else ()) if r.raw.get(MATCH3.name)}
 
 
@@ -115,10 +114,7 @@ def probe_section(res: Results, d: Decisions) -> list[str]:
         rows.append([arm, " / ".join(_pct(val.get(x)) for x in seeds), " / ".join(_pct(test.get(x)) for x in seeds),
                      _pct(statistics.mean(test.values())) if test else "",
                      _pct(statistics.mean(uncoupled)) if uncoupled else ""])
-        for layer in range(len(next(iter(found.values()))["pair"]) if found else 0):
-            pairs = [x["pair"][layer] for x in found.values()]
-            pooled = [statistics.mean(v for p in pairs for v in p[k]) for k in ("mean", "positive", "negative")]
-            signs.append([arm, str(layer), fmt_num(pooled[0], 4), _pct(pooled[1]), _pct(pooled[2])])
+        signs += sign_rows(arm, found)
     outcome = probe_outcome(res)
     note = {"confirm": f"A probe arm is off chance (validation error below {100 * OFF_CHANCE:g}%): set PROBE_CONFIRM "
                        f"to true in {WHERE}.",
@@ -136,8 +132,8 @@ def probe_section(res: Results, d: Decisions) -> list[str]:
     if signs:
         lines += ["The coupling J between the first answering pair of keys at the answer query, per layer, over the "
                   "positive test sequences, heads and seeds: its mean, and the shares in % where it is positive "
-                  "(the pair attended together) and negative. They describe the mechanism; they decide nothing.", "",
-                  md_table(["arm", "layer", "mean J", "positive %", "negative %"], signs), ""]
+                  "(the pair attended together) and negative, and where the couplings reach the pair. They describe "
+                  "the mechanism; they decide nothing.", "", md_table(SIGN_HEADER, signs), ""]
     return lines + (probe_confirm_section(res, seeds) if d.probe_confirm else [])
 
 
