@@ -27,24 +27,16 @@ _HOLES[0, 0, 1] = torch.arange(9) == 8  # one whose only spin is the last
 MASKS = {"none": None, "causal": torch.ones(4, 9, dtype=torch.bool).tril(5), "holes": _HOLES}
 
 
-# the chain's paths: the sequential recursion, the chunked scan in chunks of 1 (< w: the chunk's transfer keeps
-# negligible entries), 4 (n = 9: a ragged last chunk) and 12 (> n), and the compiled CPU kernel
-PATHS = {"sequential": {}, "chunk1": {"chunk_length": 1}, "chunk4": {"chunk_length": 4},
-         "chunk12": {"chunk_length": 12},
-         "cpp": pytest.param({"kernel": "cpp"}, marks=pytest.mark.slow, id="cpp")}  # slow: its first call builds
-
-
 @pytest.mark.parametrize("mask", MASKS, ids=str)
 @pytest.mark.parametrize("w", [1, 3])
-@pytest.mark.parametrize("path", PATHS.values(), ids=PATHS.keys())
-def test_chain_equals_the_reference_with_a_J_per_query(mask, w, path, device):
-    if path.get("kernel") == "cpp" and device.type != "cpu":
-        pytest.skip("kernel='cpp' runs on the CPU")
+@pytest.mark.parametrize("chunk_length", [None, 1, 4, 12], ids=lambda c: f"chunk{c}")
+def test_chain_equals_the_reference_with_a_J_per_query(mask, w, chunk_length, device):
+    # chunks of 1 (< w: the chunk's transfer keeps negligible entries), 4 (n = 9: a ragged last chunk), 12 (> n)
     h = torch.randn(2, 3, 4, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     J = _banded_per_query((2, 3, 4), 9, w)
     m = MASKS[mask]
     on = [None if x is None else x.to(device) for x in (h, J, m)]
-    options = {"method": "chain", "bandwidth": w, **path}
+    options = {"method": "chain", "bandwidth": w, "chunk_length": chunk_length}
     got = ising.marginals(on[0], on[1], mask=on[2], **options)
     want = ising.marginals(h, J, mask=m, method="reference")
     assert (got.cpu() - want).abs().max() < 1e-12
@@ -53,8 +45,7 @@ def test_chain_equals_the_reference_with_a_J_per_query(mask, w, path, device):
     assert (got.cpu() - want).abs().max() < 1e-12
 
 
-@pytest.mark.slow  # the compiled kernel's first call builds it
-def test_chunked_chain_and_the_kernel_in_float32_err_no_more_than_twice_the_sequential_one():
+def test_chunked_chain_in_float32_errs_no_more_than_twice_the_sequential_one():
     # strong fields and couplings, n = 40 (beyond the reference): the float64 sequential recursion is the truth
     g = torch.Generator().manual_seed(3)
     n, w = 40, 4
@@ -64,32 +55,25 @@ def test_chunked_chain_and_the_kernel_in_float32_err_no_more_than_twice_the_sequ
     options = {"method": "chain", "bandwidth": w}
     want_m, want_z = (f(h, J, mask=mask, **options) for f in (ising.marginals, ising.log_partition))
     error = {}
-    for c in (None, 1, 3, 8, "cpp"):
-        path = {"kernel": "cpp"} if c == "cpp" else {"chunk_length": c}
-        m = ising.marginals(h.float(), J.float(), mask=mask, **path, **options)
-        z = ising.log_partition(h.float(), J.float(), mask=mask, **path, **options)
+    for c in (None, 1, 3, 8):
+        m = ising.marginals(h.float(), J.float(), mask=mask, chunk_length=c, **options)
+        z = ising.log_partition(h.float(), J.float(), mask=mask, chunk_length=c, **options)
         error[c] = ((m.double() - want_m).abs().max(), ((z.double() - want_z) / want_z).abs().max())
-    for c in (1, 3, 8, "cpp"):
+    for c in (1, 3, 8):
         assert error[c][0] <= 2 * error[None][0] + 1e-6 and error[c][1] <= 2 * error[None][1] + 1e-7, (c, error)
 
 
-@pytest.mark.parametrize("options, error", [
-    ({"chunk_length": 0}, "chunk_length must be an integer >= 1"),
-    ({"kernel": "triton"}, "kernel must be one of 'torch', 'cpp'"),
-    ({"kernel": "cpp", "chunk_length": 4}, "chunk_length applies to kernel='torch'")], ids=["chunk0", "kernel", "both"])
-def test_chain_refuses_bad_options_at_the_call_and_at_the_layer(options, error):
+def test_chain_refuses_a_chunk_length_below_one_at_the_call_and_at_the_layer():
     h, J = torch.randn(5, dtype=torch.float64), _banded_per_query((), 5, 2)
-    with pytest.raises(ValueError, match=error):
-        ising.marginals(h, J, method="chain", bandwidth=2, **options)
-    with pytest.raises(ValueError, match=error):
+    with pytest.raises(ValueError, match="chunk_length must be an integer >= 1"):
+        ising.marginals(h, J, method="chain", bandwidth=2, chunk_length=0)
+    with pytest.raises(ValueError, match="chunk_length must be an integer >= 1"):
         BoltzmannAttention(16, 2, max_len=8, coupling="keys", coupling_range=2, method="chain",
-                           method_options=options)
+                           method_options={"chunk_length": 0})
 
 
-@pytest.mark.parametrize("path", [{}, {"chunk_length": 1}, {"chunk_length": 4},
-                                  pytest.param({"kernel": "cpp"}, marks=pytest.mark.slow)],
-                         ids=["sequential", "chunk1", "chunk4", "cpp"])
-def test_chain_gradcheck_in_h_and_J(path):
+@pytest.mark.parametrize("chunk_length", [None, 1, 4], ids=lambda c: f"chunk{c}")
+def test_chain_gradcheck_in_h_and_J(chunk_length):
     n, w = 6, 2
     band = (torch.arange(n)[:, None] - torch.arange(n)).abs()
     upper = (band > 0) & (band <= w) & (torch.arange(n)[:, None] < torch.arange(n))
@@ -99,12 +83,9 @@ def test_chain_gradcheck_in_h_and_J(path):
 
     def f(h, U):
         J = (U * upper) + (U * upper).transpose(-1, -2)
-        return ising.marginals(h, J, mask=mask, method="chain", bandwidth=w, **path)
+        return ising.marginals(h, J, mask=mask, method="chain", bandwidth=w, chunk_length=chunk_length)
 
     assert torch.autograd.gradcheck(f, (h, U))
-    if path:  # log Z too (the kernel's gradient of log Z is its signed occupancies)
-        assert torch.autograd.gradcheck(lambda h: ising.log_partition(
-            h, _banded_per_query((2, 3), n, w), mask=mask, method="chain", bandwidth=w, **path), (h,))
 
 
 def test_chain_refuses_couplings_beyond_its_bandwidth_and_an_inferred_one_when_trained():
@@ -154,16 +135,12 @@ def _heads(layer, x):
     return q, k, v
 
 
-LAYER_METHODS = {"chain": ("chain", {}), "chain chunked": ("chain", {"chunk_length": 4}),
-                 "chain cpp": ("chain", {"kernel": "cpp"}), "banded": ("banded", {}), "exact": ("exact", {})}
-
-
 @pytest.mark.parametrize("coupling", ["keys", "query"])
-@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if "cpp" in m else m
-                                    for m in LAYER_METHODS])
+@pytest.mark.parametrize("method", ["chain", "chain chunked", "banded", "exact"])
 def test_the_layer_equals_the_definition_in_float64(coupling, method):
-    method, options = LAYER_METHODS[method]
-    layer = _layer(coupling, method=method, **({"method_options": options} if options else {}))
+    chunked = method == "chain chunked"
+    layer = _layer(coupling, method="chain" if chunked else method,
+                   **({"method_options": {"chunk_length": 4}} if chunked else {}))
     x = torch.randn(2, 9, 16, dtype=torch.float64)
     _, weights = layer(x, need_weights=True)
     q, k, v = _heads(layer, x)

@@ -28,19 +28,10 @@ and the memory of the sequential recursion, and runs every query's chain to n (t
 each at its last present spin, which it reads on the host: once per mask key, see ``band_marginals``), so on a
 CPU it is slower: the default is the sequential recursion (``chunk_length=None``).
 
-The compiled CPU kernel (option ``kernel="cpp"``, ``chain_kernel.cpp``) runs the same recursion for every query
-in one C++ call, in scaled probabilities carried in float64, and its backward by hand: the gradient of
-sum_p g_p <s_p> with respect to the local fields is the covariance of G = sum_p g_p s_p with s_p [x_p = x],
-taken from a forward and a backward sweep of the expectation semiring (first derivatives only). It removes the
-per-step operator calls and their autograd graph; it is built on first use (a C++ compiler and ninja) and runs
-on the CPU only. The default is the recursion in PyTorch operators (``kernel="torch"``), which runs on any device
-and differentiates twice.
-
 Options: ``bandwidth`` (w; inferred from J's nonzero entries when None, refused when J is trained),
 ``max_bandwidth`` (default 12), checked by method banded's rule, which reads a dense J on the host and refuses a
-coupling beyond ``bandwidth`` (couplings in band form, :class:`Band`, need no such check), ``chunk_length``
-(None, or the spins per chunk of the chunked scan) and ``kernel`` ("torch" or "cpp"; "cpp" takes no
-chunk_length).
+coupling beyond ``bandwidth`` (couplings in band form, :class:`Band`, need no such check), and ``chunk_length``
+(None, or the spins per chunk of the chunked scan).
 """
 
 from __future__ import annotations
@@ -54,7 +45,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import banded, planner
-from ._chain_kernel import ChainKernel
 from ._inputs import check_int
 from .record import Method, keyword_options
 
@@ -72,7 +62,7 @@ class Band(NamedTuple):
 
 
 def band_marginals(h: Tensor, couplings: Band, mask: Tensor | None = None, *, bandwidth: int | None = None,
-                   max_bandwidth: int = MAX_BANDWIDTH, chunk_length: int | None = None, kernel: str = "torch",
+                   max_bandwidth: int = MAX_BANDWIDTH, chunk_length: int | None = None,
                    mask_key: str | None = None) -> Tensor:
     """:func:`marginals` for couplings in band form: h (..., n), couplings.values (..., n, w), mask (..., n).
     mask_key: the caller's name for a mask that is the same every call (the layer's causal mask): the chains'
@@ -84,50 +74,37 @@ def band_marginals(h: Tensor, couplings: Band, mask: Tensor | None = None, *, ba
     if w > check_int("max_bandwidth", max_bandwidth, 0):
         raise ValueError(f"bandwidth {w} exceeds max_bandwidth={max_bandwidth} (the chain has 2^w states); raise "
                          "max_bandwidth, or use method='meanfield'")
-    return _run(h, values, mask, True, _chunk_length(chunk_length), _kernel(kernel, chunk_length), mask_key)
+    return _run(h, values, mask, True, _chunk_length(chunk_length), mask_key)
 
 
 def marginals(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
               bandwidth: int | None = None, max_bandwidth: int = MAX_BANDWIDTH,
-              chunk_length: int | None = None, kernel: str = "torch") -> Tensor:
+              chunk_length: int | None = None) -> Tensor:
     """<s_j>, shaped like the broadcast of h with J's batch shape and mask (..., n); 0 for absent spins."""
-    return _solve(h, J, K, mask, bandwidth, max_bandwidth, chunk_length, kernel, marginals=True)
+    return _solve(h, J, K, mask, bandwidth, max_bandwidth, chunk_length, marginals=True)
 
 
 def log_partition(h: Tensor, J: Tensor | None, K: Tensor | None, mask: Tensor | None, *,
                   bandwidth: int | None = None, max_bandwidth: int = MAX_BANDWIDTH,
-                  chunk_length: int | None = None, kernel: str = "torch") -> Tensor:
+                  chunk_length: int | None = None) -> Tensor:
     """log Z of the present spins, shaped like the broadcast batch shape."""
-    return _solve(h, J, K, mask, bandwidth, max_bandwidth, chunk_length, kernel, marginals=False)
+    return _solve(h, J, K, mask, bandwidth, max_bandwidth, chunk_length, marginals=False)
 
 
-def _solve(h, J, K, mask, bandwidth, max_bandwidth, chunk_length, kernel, *, marginals: bool):
-    kernel = _kernel(kernel, chunk_length)
+def _solve(h, J, K, mask, bandwidth, max_bandwidth, chunk_length, *, marginals: bool):
     chunk_length = _chunk_length(chunk_length)
     w = banded._bandwidth(h, J, K, bandwidth, max_bandwidth, None, "chain")
     dtype = torch.promote_types(h.dtype, torch.float32)
     band = None if w == 0 else _band(J.to(dtype), w)  # (..., n, w): band[..., p, d - 1] = J_{p-d, p}
-    return _run(h, band, mask, marginals, chunk_length, kernel)
+    return _run(h, band, mask, marginals, chunk_length)
 
 
 def _chunk_length(value: int | None) -> int | None:
     return None if value is None else check_int("chunk_length", value, 1)
 
 
-KERNELS = ("torch", "cpp")
-
-
-def _kernel(value: str, chunk_length: int | None) -> str:
-    if value not in KERNELS:
-        raise ValueError(f"kernel must be one of {', '.join(map(repr, KERNELS))}, got {value!r}")
-    if value == "cpp" and chunk_length is not None:
-        raise ValueError("chunk_length applies to kernel='torch' (the chunked scan); kernel='cpp' runs the "
-                         "sequential recursion")
-    return value
-
-
 def _run(h: Tensor, band: Tensor | None, mask: Tensor | None, marginals: bool, chunk_length: int | None,
-         kernel: str = "torch", mask_key: str | None = None) -> Tensor:
+         mask_key: str | None = None) -> Tensor:
     """Marginals or log Z for fields h (..., n) and couplings in band form (..., n, w) or None."""
     n = h.shape[-1]
     w = 0 if band is None else band.shape[-1]
@@ -152,24 +129,16 @@ def _run(h: Tensor, band: Tensor | None, mask: Tensor | None, marginals: bool, c
     band = band.expand(*shape, n, w)
     field, band = field.reshape(-1, n), band.reshape(-1, n, w)
     Q = field.shape[0]
-    order = None
-    if kernel == "cpp":  # every chain to its last present spin, in one call
-        if field.device.type != "cpu":
-            raise ValueError(f"kernel='cpp' runs on the CPU, and the fields are on {field.device.type}: use "
-                             "kernel='torch' (with chunk_length on a GPU)")
-        length = torch.full((Q,), n, device=field.device) if present is None else planner.last_present(
-            present.reshape(-1, n))
-        m, logz = ChainKernel.apply(field[..., None] + band @ _signs(w, field.dtype, field.device).T, length)
-    elif chunk_length is not None:  # the chunked scan runs every chain to n
+    if present is None or chunk_length is not None:  # the chunked scan runs every chain to n
+        active, order = [Q] * n + [0], None
         length = torch.full(shape, n, device=field.device)
-        m, logz = _chunked(field, band, w, marginals, chunk_length)
-    else:
-        if present is None:
-            active, length = [Q] * n + [0], torch.full(shape, n, device=field.device)
-        else:  # a query's chain stops at its last present spin (a causal mask halves the work); longest first
-            length, order, active = planner.chain_lengths(present.reshape(-1, n), mask_key)  # steps, on the host
-            field, band = field[order], band[order]
+    else:  # a query's chain stops at its last present spin (a causal mask halves the work); longest first
+        length, order, active = planner.chain_lengths(present.reshape(-1, n), mask_key)  # the steps, on the host
+        field, band = field[order], band[order]
+    if chunk_length is None:
         m, logz = _recursion(field, band, w, marginals, active)
+    else:
+        m, logz = _chunked(field, band, w, marginals, chunk_length)
     if order is not None:
         inverse = torch.argsort(order)
         m, logz = (None if m is None else m[inverse]), logz[inverse]
@@ -299,11 +268,10 @@ def _band(J: Tensor, w: int) -> Tensor:
 
 
 def _check_options(options: dict) -> None:
-    banded._check_options({k: v for k, v in options.items() if k not in ("chunk_length", "kernel")})
-    _kernel(options.get("kernel", "torch"), options.get("chunk_length"))
+    banded._check_options({k: v for k, v in options.items() if k != "chunk_length"})
     _chunk_length(options.get("chunk_length"))
 
 
 METHOD = Method("chain", marginals, log_partition, keyword_options(marginals), "exact",
                 f"J_jk = 0 for |j - k| > w, w <= {MAX_BANDWIDTH}, J may differ per query (options bandwidth, "
-                "max_bandwidth, chunk_length, kernel)", _check_options, max_bandwidth=MAX_BANDWIDTH, band=True)
+                "max_bandwidth, chunk_length)", _check_options, max_bandwidth=MAX_BANDWIDTH, band=True)

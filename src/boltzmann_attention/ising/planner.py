@@ -63,12 +63,6 @@ def present_spins(mask: Tensor, key: str | None = None) -> int:
     return _remember(mask, key, "present", int(mask.sum(-1).max()) if mask.numel() else 0)
 
 
-def last_present(mask: Tensor) -> Tensor:
-    """Each row's last present spin + 1 (0 for none) of a (..., n) mask, on its device (no host read)."""
-    n = mask.shape[-1]
-    return torch.where(mask.any(-1), n - mask.flip(-1).to(torch.uint8).argmax(-1), 0)
-
-
 def chain_lengths(mask: Tensor, key: str | None = None) -> tuple[Tensor, Tensor, list[int]]:
     """For a (Q, n) mask: each query's chain length (its last present spin + 1; 0 for none), the queries longest
     first (a stable order), and, on the host, how many chains are longer than p for p = 0 .. the longest (the
@@ -76,7 +70,8 @@ def chain_lengths(mask: Tensor, key: str | None = None) -> tuple[Tensor, Tensor,
     found = _remembered(mask, key, "chain lengths")
     if found is not None:
         return found
-    length = last_present(mask)
+    n = mask.shape[-1]
+    length = torch.where(mask.any(-1), n - mask.flip(-1).to(torch.uint8).argmax(-1), 0)
     order = torch.argsort(length, descending=True, stable=True)
     longest = int(length.max()) if length.numel() else 0
     active = (length[:, None] > torch.arange(longest + 1, device=mask.device)).sum(0).tolist()

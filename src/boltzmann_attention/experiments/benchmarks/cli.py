@@ -148,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the rows to this JSON file (default: none)")
 
-    p = _command(sub, "chain-scan", "method chain's forms (sequential recursion, chunked scan, compiled CPU kernel) "
-                                    "side by side, fwd+bwd of the marginals with couplings per query, per chunk length")
+    p = _command(sub, "chain-scan", "method chain's two forms (sequential recursion, chunked scan) side by side, "
+                                    "fwd+bwd of the marginals with couplings per query, per chunk length")
     p.add_argument("--chunks", type=positive_int, nargs="+", default=[4, 8, 16],
                    help="chunk lengths (default: 4 8 16)")
     p.add_argument("--B", type=positive_int, default=8, help="batch size (default: %(default)s)")

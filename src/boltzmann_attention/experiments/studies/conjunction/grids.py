@@ -58,16 +58,15 @@ SETTINGS = tuple(Setting(b, d, steps) for b in (8, 4, 3) for d, steps in ((64, 8
 _ROPE = (("position", "rope"),)
 _BAND = (("coupling_range", RANGE),)
 _CONTENT = _BAND + (("coupling_rank", RANK),)
-_KERNEL = (("method_options", {"kernel": "cpp"}),)  # method chain's compiled CPU kernel: the same marginals, faster
 ARMS = {a.name: a for a in (
     Arm("softmax-rope", "softmax", _ROPE),
     Arm("mta", "mta", _ROPE),
     Arm("stickbreaking", "stickbreaking", (("position", "none"),)),
     Arm("h-rope", "h", _ROPE),
     Arm(f"relative{RANGE}", "h+J", _ROPE + (("coupling", "relative"),) + _BAND, "banded"),
-    Arm(f"keys{RANGE}", "h+J", _ROPE + (("coupling", "keys"),) + _CONTENT + _KERNEL, "chain"),
+    Arm(f"keys{RANGE}", "h+J", _ROPE + (("coupling", "keys"),) + _CONTENT, "chain"),
     Arm(f"keys{RANGE}-step", "h+J-step", _ROPE + (("coupling", "keys"),) + _CONTENT),
-    Arm(f"query{RANGE}", "h+J", _ROPE + (("coupling", "query"),) + _CONTENT + _KERNEL, "chain"),
+    Arm(f"query{RANGE}", "h+J", _ROPE + (("coupling", "query"),) + _CONTENT, "chain"),
 )}
 CALIBRATION_ARMS = ("softmax-rope", "mta", "stickbreaking")
 SINGLE_SCORE = ("softmax-rope", "stickbreaking", "h-rope")
